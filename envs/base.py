@@ -1,0 +1,65 @@
+"""The environment interface every EMPO² environment implements.
+
+It is deliberately tiny so the rollout loop (rollout.py) stays environment-agnostic:
+
+    env.tasks(split)        -> list[Task]          ("train" / "test")
+    env.reset(task)         -> str                 the first user message (task instruction + first observation)
+    env.step(action)        -> (observation, reward, done, info)
+    env.window_prompt(k)    -> str                 one self-contained user message for history-window mode
+    env.close()
+
+`info` always carries these keys (rollout.py relies on them):
+
+    score      float  cumulative task score so far (ScienceWorld: 0..100, -100 on failure)
+    success    bool   the task is solved (ScienceWorld: score == 100; WebShop: reward == 1.0)
+    truncated  bool   the episode ended because the per-task step limit was reached
+    env_error  str    "" normally; a message when the environment process crashed (the env has
+                      restarted itself; the episode is ended and marked, the run goes on)
+    action     str    the action actually executed (after action correction, if enabled)
+
+An environment may add more keys (for example `valid_actions`).
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, order=True)
+class Task:
+    """One task instance: a task family plus a variation (ScienceWorld) or a goal index (WebShop)."""
+
+    name: str
+    variation: int
+
+    @property
+    def key(self) -> str:
+        """The memory key of this task (tips and novelty counts are stored per key)."""
+        return f"{self.name}/{self.variation}"
+
+
+STEP_INFO_KEYS = ("score", "success", "truncated", "env_error", "action")
+
+
+class Env(abc.ABC):
+    """Base class of all environments. Subclasses implement the four abstract methods."""
+
+    @abc.abstractmethod
+    def tasks(self, split: str) -> list[Task]:
+        """The task instances of a split ("train" or "test")."""
+
+    @abc.abstractmethod
+    def reset(self, task: Task) -> str:
+        """Start an episode of `task`; return the first user message (instruction + observation)."""
+
+    @abc.abstractmethod
+    def step(self, action: str) -> tuple[str, float, bool, dict]:
+        """Execute one raw model action; return (observation, reward, done, info)."""
+
+    def window_prompt(self, window: int) -> str:
+        """The current state as one self-contained user message showing at most `window` past
+        (action, observation) pairs. Used when `env.history_window >= 0` (one sample per step)."""
+        raise NotImplementedError(f"{type(self).__name__} does not support history-window prompts")
+
+    def close(self) -> None:
+        """Release external resources (processes, files)."""
