@@ -1,0 +1,139 @@
+"""Evaluation without memory (paper §6: "the trained model without memory at test time").
+
+    python eval.py --config configs/scienceworld_empo2.yaml [--checkpoint=runs/x/checkpoints/iter_000200]
+                   [--episodes_per_task=1] [--output=DIR] [--section.key=value ...]
+
+Plays every test task (ScienceWorld: the first <= 20 test-split variations of each configured task) with the
+base model or a checkpoint, no tips, sampling temperature `train.eval_temperature` (0.4 as in the reference),
+and writes `eval.json` (per-task mean return, success rate, episodes) and `eval.md` (a markdown table).
+`evaluate()` is also the trainer's periodic validation. Under several processes the test tasks are sharded
+over ranks and the results gathered.
+
+Extending (the ID/OOD protocol of paper §6.1 is a later step): `evaluate` takes any task list, so an OOD run
+is `--env.scienceworld.tasks=[other-task]` with a checkpoint trained on another task.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from config import Config, ConfigError, load_config, split_cli
+from rollout import ChatStream, run_episodes
+
+
+def evaluate(model, chat: ChatStream, envs: list, tasks: list, cfg: Config, *, accelerator=None,
+             episodes_per_task: int = 1, pool: ThreadPoolExecutor | None = None, progress=None) -> dict:
+    """No-memory episodes on `tasks`; returns overall and per-task statistics (same on all ranks)."""
+    rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
+    jobs = [task for task in tasks for _ in range(episodes_per_task)][rank::world]
+    results = []
+    model.eval()
+    for start in range(0, len(jobs), len(envs)):
+        chunk = jobs[start : start + len(envs)]
+        episodes = run_episodes(
+            model, chat, envs, chunk, list(range(len(chunk))), mode="no_memory", memory=None,
+            max_action_tokens=cfg.rollout.max_action_tokens, max_prompt_tokens=cfg.rollout.max_prompt_tokens,
+            temperature=cfg.train.eval_temperature, history_window=cfg.env.history_window,
+            generation_batch_size=cfg.rollout.generation_batch_size, pool=pool,
+        )
+        results += [(ep.task.key, ep.ret, ep.success, ep.num_actions) for ep in episodes]
+        if progress is not None:
+            progress.update(len(chunk))
+    if world > 1:
+        import torch.distributed as dist
+
+        everyone = [None] * world
+        dist.all_gather_object(everyone, results)
+        results = [r for part in everyone for r in part]
+    per_task: dict = defaultdict(list)
+    for key, ret, success, length in results:
+        per_task[key].append((ret, success, length))
+    returns = [r[1] for r in results]
+    return {
+        "return_mean": float(np.mean(returns)) if returns else 0.0,
+        "return_std": float(np.std(returns)) if returns else 0.0,
+        "success_rate": float(np.mean([r[2] for r in results])) if results else 0.0,
+        "episodes": len(results),
+        "per_task": {
+            key: {
+                "return_mean": float(np.mean([v[0] for v in vals])),
+                "success_rate": float(np.mean([v[1] for v in vals])),
+                "episode_length": float(np.mean([v[2] for v in vals])),
+                "episodes": len(vals),
+            }
+            for key, vals in sorted(per_task.items())
+        },
+    }
+
+
+def markdown_table(result: dict, title: str) -> str:
+    lines = [f"# {title}", "", "| task | episodes | return (mean) | success rate | length |", "|---|---|---|---|---|"]
+    for key, row in result["per_task"].items():
+        lines.append(f"| {key} | {row['episodes']} | {row['return_mean']:.1f} | {row['success_rate']:.2f} | "
+                     f"{row['episode_length']:.1f} |")
+    lines.append(f"| **all** | {result['episodes']} | **{result['return_mean']:.1f}** | "
+                 f"**{result['success_rate']:.2f}** | |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from tqdm.auto import tqdm
+
+    from models import load_policy, load_trainable
+    from train import make_accelerator, make_env_pool
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = {"checkpoint": "", "episodes_per_task": "1", "output": "", "split": "test"}
+    rest = []
+    for arg in argv:
+        name = arg[2:].split("=", 1)[0] if arg.startswith("--") else ""
+        if name in extra and "=" in arg:
+            extra[name] = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    try:
+        cfg = load_config(*split_cli(rest))
+    except ConfigError as err:
+        sys.exit(f"config error: {err}")
+    accelerator = make_accelerator()
+    with accelerator.main_process_first():
+        model, tokenizer = load_policy(cfg.model, device=accelerator.device)
+    if extra["checkpoint"]:
+        folder = Path(extra["checkpoint"])
+        load_trainable(model, str(folder / "model" if (folder / "model").is_dir() else folder))
+    chat = ChatStream(tokenizer)
+    size = max(1, cfg.rollout.tasks_per_iteration // accelerator.num_processes) * cfg.rollout.group_size
+    envs = make_env_pool(cfg, size)
+    tasks = envs[0].tasks(extra["split"])
+    if cfg.train.eval_tasks > 0:
+        tasks = tasks[: cfg.train.eval_tasks]
+    per_task = int(extra["episodes_per_task"])
+    with ThreadPoolExecutor(max_workers=len(envs)) as pool:
+        bar = tqdm(total=len(tasks) * per_task // accelerator.num_processes, desc="eval",
+                   disable=not accelerator.is_main_process)
+        result = evaluate(model, chat, envs, tasks, cfg, accelerator=accelerator, episodes_per_task=per_task,
+                          pool=pool, progress=bar)
+        bar.close()
+    for env in envs:
+        env.close()
+    result["model"] = cfg.model.name_or_path
+    result["checkpoint"] = extra["checkpoint"]
+    result["temperature"] = cfg.train.eval_temperature
+    out = Path(extra["output"] or (extra["checkpoint"] or cfg.output_dir))
+    if accelerator.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "eval.json").write_text(json.dumps(result, indent=2))
+        title = f"Evaluation without memory: {cfg.model.name_or_path} {extra['checkpoint']}".strip()
+        (out / "eval.md").write_text(markdown_table(result, title))
+        print(markdown_table(result, title))
+        print(f"wrote {out / 'eval.json'} and {out / 'eval.md'}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

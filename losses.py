@@ -1,0 +1,145 @@
+"""The EMPO² objective as pure functions: tensors and masks in, loss and metrics out.
+
+Paper map (arXiv 2602.23008; equations as rebuilt in shared/docs/empo2.md §3):
+
+* `grpo_advantages`     - §2 / Eq. 1: A_i = (R_i - mean_j R_j) / (std_j R_j + eps) within one group (the N episodes
+                          of one task row), std unbiased as in the reference. R_i already contains the intrinsic
+                          reward (coef * sum_t 1/n_t, see memory.py), so novelty really reaches the advantage
+                          (in the reference release it is computed and then ignored, empo2.md §9 item 1).
+* `clipped_policy_loss` - Eq. 1 with the reference's clip values: ratio = exp(logp - old_logp), asymmetric clip
+                          [1 - 0.2, 1 + 0.3], dual clip c = 10 for negative advantages; Eq. 2's low-probability
+                          token mask (drop tokens whose current probability is below delta, log delta = -5) for
+                          the modes it is configured for (default: off-policy only); no KL, no entropy term.
+* `action_logprobs`     - log pi(a_t | context) of the action tokens only, in fp32, plus the policy entropy there.
+
+Which context and which old log-prob the caller passes decides the mode (empo2.md §3.3, Table 3):
+on-policy -> both with the rollout prompt; off-policy -> numerator on the tip-free twin sequence, denominator
+on the tip sequence ("with_tips", Table 3, default) or on the twin ("without_tips", Algorithm 1).
+
+Aggregation ("token-mean per sample, then mean over samples"): each sample's token losses are summed and divided
+by the number of its action tokens *before* low-probability masking (the indicator of Eq. 2 multiplies the term,
+the 1/T normaliser stays), then samples are averaged. A packed full-history episode is one sample, so its
+tokens are averaged over the whole episode; the reference averages per step first (seq-mean-token-mean over
+step samples). Deviation on purpose: packing scores all actions in one forward pass (decisions.md §2).
+
+Degenerate groups: if all returns in a group are equal (std = 0) every advantage is 0 (no signal, no NaN); a group
+of one episode gets advantage 0 (there is no baseline; the reference would use the raw return).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def grpo_advantages(returns: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """returns: [N] episode returns of one group -> [N] advantages."""
+    returns = returns.double()
+    if returns.numel() < 2:
+        return torch.zeros_like(returns).float()
+    centred = returns - returns.mean()
+    std = returns.std(unbiased=True)
+    if std.item() == 0.0:  # all equal: no learning signal (and no 0/eps blow-up from rounding)
+        return torch.zeros_like(returns).float()
+    return (centred / (std + eps)).float()
+
+
+def group_advantages(returns: list[float], group_ids: list, eps: float = 1e-6) -> list[float]:
+    """GRPO advantages for a flat list of episodes; episodes with equal group_id form one group."""
+    advantages = [0.0] * len(returns)
+    groups: dict = {}
+    for index, gid in enumerate(group_ids):
+        groups.setdefault(gid, []).append(index)
+    for members in groups.values():
+        adv = grpo_advantages(torch.tensor([returns[i] for i in members]), eps)
+        for i, value in zip(members, adv.tolist()):
+            advantages[i] = value
+    return advantages
+
+
+def action_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits: [B, K, V] at the positions that predict the K target tokens; targets: [B, K] token ids.
+
+    Returns (logp [B, K], entropy [B, K]) in fp32 (bf16 logits would make ratios noisy).
+    """
+    logits = logits.float()
+    log_probs = F.log_softmax(logits, dim=-1)  # [B, K, V]
+    logp = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [B, K]
+    entropy = -(log_probs.exp() * log_probs).sum(-1)  # [B, K]
+    return logp, entropy
+
+
+def clipped_policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    action_mask: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.3,
+    dual_clip: float = 10.0,
+    lowprob_mask: str = "none",
+    lowprob_logp_threshold: float = -5.0,
+    entropy: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The per-token clipped surrogate, masked and aggregated.
+
+    logp:        [S, T] current-policy log-probs of the action tokens (requires grad)
+    old_logp:    [S, T] behaviour/old log-probs (no grad)
+    advantages:  [S, T] per-token advantages
+    action_mask: [S, T] 1 on real action tokens, 0 on padding
+    lowprob_mask: "none" | "token" (paper Eq. 2: drop tokens with logp.detach() < threshold)
+                  | "sequence" (reference: drop a whole sample if any old log-prob < threshold)
+    entropy:     [S, T] optional, only for the metric
+
+    Returns (loss: scalar = mean over samples of per-sample token means, metrics: floats over action tokens).
+    """
+    action_mask = action_mask.float()
+    log_ratio = torch.clamp(logp - old_logp, -20.0, 20.0)
+    ratio = torch.exp(log_ratio)
+    loss_unclipped = -advantages * ratio
+    loss_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    loss_ppo = torch.maximum(loss_unclipped, loss_clipped)
+    # Dual clip: with A < 0 a huge ratio would make the loss unbounded; cap it at -A * c.
+    loss_dual = torch.minimum(loss_ppo, -advantages * dual_clip)
+    token_loss = torch.where(advantages < 0, loss_dual, loss_ppo)  # [S, T]
+
+    keep = action_mask.clone()
+    if lowprob_mask == "token":
+        keep = keep * (logp.detach() >= lowprob_logp_threshold).float()
+    elif lowprob_mask == "sequence":
+        low = ((old_logp < lowprob_logp_threshold).float() * action_mask).sum(-1, keepdim=True) > 0
+        keep = keep * (~low).float()
+    elif lowprob_mask != "none":
+        raise ValueError(f"unknown lowprob_mask {lowprob_mask!r}")
+
+    tokens_per_sample = action_mask.sum(-1).clamp(min=1.0)  # [S]; the 1/T normaliser of Eq. 1
+    per_sample = (token_loss * keep).sum(-1) / tokens_per_sample  # [S]
+    loss = per_sample.mean()
+
+    with torch.no_grad():
+        n_tokens = action_mask.sum().clamp(min=1.0)
+        n_kept = keep.sum().clamp(min=1.0)
+        clipped = (token_loss.detach() != loss_unclipped.detach()).float() * action_mask
+        dual = ((advantages < 0) & (loss_dual.detach() < loss_ppo.detach())).float() * action_mask
+        masked_ratio = ratio.detach() * action_mask
+        metrics = {
+            "ratio_mean": (masked_ratio.sum() / n_tokens).item(),
+            "ratio_max": masked_ratio.max().item() if action_mask.any() else 0.0,
+            "clip_frac": (clipped.sum() / n_tokens).item(),
+            "dual_clip_frac": (dual.sum() / n_tokens).item(),
+            "masked_frac": 1.0 - (keep.sum() / n_tokens).item(),
+            # k3 estimator of KL(old || new) = E_old[(r - 1) - log r], over the tokens that are trained on
+            "approx_kl": ((((ratio - 1) - log_ratio).detach() * keep).sum() / n_kept).item(),
+            "action_tokens": float(action_mask.sum().item()),
+        }
+        if entropy is not None:
+            metrics["entropy"] = ((entropy.detach() * action_mask).sum() / n_tokens).item()
+    return loss, metrics
+
+
+def is_finite(value: torch.Tensor | float) -> bool:
+    if isinstance(value, torch.Tensor):
+        return bool(torch.isfinite(value).all().item())
+    return math.isfinite(value)

@@ -1,0 +1,179 @@
+"""The tip memory and the novelty counts of EMPO² (paper §4.1-4.2; shared/docs/empo2.md §2.4-2.5).
+
+Plain Python, keyed by task (`Task.key` = "task-name/variation" or "webshop/goal-index").
+
+Tips. After every training episode the policy writes one sentence about it (rollout.write_tips). For every step i
+of that episode one `TipEntry(tip, action_i, return, state_i)` is stored, rendered exactly like the reference:
+"<tip>; At that timestep, the specific action your took was <a_i>; Eventually you got the score <R>/100."
+* exact de-duplication on the rendered text, per key;
+* capacity per key (default 1000) with FIFO eviction of the oldest entry;
+* retrieval = the top-k (default 10) entries by stored return, stable for ties (insertion order), optionally
+  after a similarity filter: a pluggable `scorer(query_state, entry_state) -> float` keeps entries scoring above a
+  threshold. The dependency-free default scorer is word-set Jaccard over the observation text. The reference
+  embeds the whole chat history with MiniLM, which truncates to 256 word pieces, so its keys are near-identical
+  within a variation and retrieval is effectively "top-10 by score" (empo2.md §2.4): `similarity: none` reproduces
+  that; `jaccard` (or an embedding scorer) gives the state-dependent retrieval the paper describes.
+
+Novelty (intrinsic reward, paper §4.2). `visit(key, observation)` returns n = the number of visits so far of a
+similar state, this one included, and the rollout pays r_int = 1/n (1 for a new state). "Similar" is explicit:
+two observations are the same state when their text is equal after lower-casing and collapsing whitespace
+(`state_key`). Counts are per task key and persist for the run. (The reference instead reuses the tip retrieval
+count, 1/(retrieved + 1), which saturates at 1/11; empo2.md §2.5.)
+
+Several processes. Tips are written at the end of an iteration into a pending list; `sync(gather)` exchanges
+every rank's pending tips and visits (e.g. with accelerate's gather_object) and applies all tips in rank order,
+so all ranks end each iteration with identical memory. Visits count locally during the rollout (so a rank sees
+its own new states at once) and the other ranks' visits are added at sync; counts commute, so they agree too.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter, deque
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+TIP_HEADER = "Here are some memories you collected in your previous exploration:\n"
+TIP_OPEN = "\n\n<tip> "
+TIP_CLOSE = "\n</tip>\n\n"
+
+
+@dataclass(frozen=True)
+class TipEntry:
+    tip: str
+    action: str
+    ret: float  # the episode's extrinsic return
+    state: str = ""  # the observation at which `action` was taken (used by similarity filters)
+
+    def render(self) -> str:
+        # Wording (typo included) of the reference, so prompts match the paper's setup.
+        return (
+            f"{self.tip}; At that timestep, the specific action your took was {self.action}; "
+            f"Eventually you got the score {self.ret:.1f}/100."
+        )
+
+
+def tip_block(entries: list[TipEntry]) -> str:
+    """The text appended to a user message in memory modes ('' when nothing was retrieved)."""
+    if not entries:
+        return ""
+    body = TIP_HEADER + "".join(entry.render() + "\n" for entry in entries)
+    return f"{TIP_OPEN}{body}{TIP_CLOSE}"
+
+
+def state_key(observation: str) -> str:
+    """Normalised observation: the definition of "the same state" for novelty counts."""
+    return " ".join(observation.lower().split())
+
+
+def jaccard(a: str, b: str) -> float:
+    words_a, words_b = set(a.lower().split()), set(b.lower().split())
+    if not words_a and not words_b:
+        return 1.0
+    return len(words_a & words_b) / len(words_a | words_b)
+
+
+SCORERS: dict[str, Callable[[str, str], float] | None] = {"none": None, "jaccard": jaccard}
+
+
+class TipMemory:
+    def __init__(
+        self,
+        capacity: int = 1000,
+        top_k: int = 10,
+        scorer: Callable[[str, str], float] | str | None = None,
+        threshold: float = 0.5,
+    ):
+        self.capacity = capacity
+        self.top_k = top_k
+        self.scorer = SCORERS[scorer] if isinstance(scorer, str) else scorer
+        self.threshold = threshold
+        self.entries: dict[str, deque[TipEntry]] = {}
+        self.rendered: dict[str, set[str]] = {}  # per-key de-duplication index
+        self.visits: dict[str, Counter] = {}
+        self.pending_tips: list[tuple[str, TipEntry]] = []
+        self.pending_visits: list[tuple[str, str]] = []
+
+    # ------------------------------------------------------------------ tips
+    def add(self, key: str, entry: TipEntry) -> bool:
+        """Insert now (no sync). Returns False for an exact duplicate."""
+        text = entry.render()
+        seen = self.rendered.setdefault(key, set())
+        if text in seen:
+            return False
+        slot = self.entries.setdefault(key, deque())
+        if len(slot) >= self.capacity:
+            seen.discard(slot.popleft().render())
+        slot.append(entry)
+        seen.add(text)
+        return True
+
+    def stage(self, key: str, entry: TipEntry) -> None:
+        """Queue an entry for the next `sync` (how the rollout writes tips)."""
+        self.pending_tips.append((key, entry))
+
+    def retrieve(self, key: str, state: str = "") -> list[TipEntry]:
+        candidates = list(self.entries.get(key, ()))
+        if self.scorer is not None:
+            candidates = [e for e in candidates if self.scorer(state, e.state) > self.threshold]
+        # sorted() is stable: equal returns keep insertion order, as in the reference.
+        return sorted(candidates, key=lambda e: -e.ret)[: self.top_k]
+
+    def size(self, key: str | None = None) -> int:
+        if key is not None:
+            return len(self.entries.get(key, ()))
+        return sum(len(slot) for slot in self.entries.values())
+
+    # ------------------------------------------------------------------ novelty
+    def visit(self, key: str, observation: str) -> int:
+        """Count a visit; return n = visits of this state so far, this one included (>= 1)."""
+        state = state_key(observation)
+        counts = self.visits.setdefault(key, Counter())
+        counts[state] += 1
+        self.pending_visits.append((key, state))
+        return counts[state]
+
+    # ------------------------------------------------------------------ multi-process
+    def sync(self, gather: Callable[[object], list] | None = None, rank: int = 0) -> int:
+        """Apply this iteration's staged tips of all ranks (rank order) and the other ranks' visits.
+
+        gather(obj) must return the list of every rank's obj in rank order (None = single process).
+        Returns the number of new entries inserted.
+        """
+        mine = (self.pending_tips, self.pending_visits)
+        everyone = gather(mine) if gather is not None else [mine]
+        added = 0
+        for source, (tips, visits) in enumerate(everyone):
+            for key, entry in tips:
+                added += self.add(key, TipEntry(*entry) if not isinstance(entry, TipEntry) else entry)
+            if source != rank:
+                for key, state in visits:
+                    self.visits.setdefault(key, Counter())[state] += 1
+        self.pending_tips, self.pending_visits = [], []
+        return added
+
+    # ------------------------------------------------------------------ persistence
+    def state_dict(self) -> dict:
+        return {
+            "capacity": self.capacity,
+            "entries": {key: [asdict(e) for e in slot] for key, slot in self.entries.items()},
+            "visits": {key: dict(counts) for key, counts in self.visits.items()},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.entries, self.rendered = {}, {}
+        for key, items in state["entries"].items():
+            for item in items:
+                self.add(key, TipEntry(**item))
+        self.visits = {key: Counter(counts) for key, counts in state["visits"].items()}
+        self.pending_tips, self.pending_visits = [], []
+
+    def save(self, path: str) -> None:
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.state_dict(), f)
+        os.replace(tmp, path)  # never leave a half-written memory file behind
+
+    def load(self, path: str) -> None:
+        with open(path) as f:
+            self.load_state_dict(json.load(f))

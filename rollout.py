@@ -1,0 +1,374 @@
+"""Batched multi-turn rollouts with HF `generate`, tip writing, and training samples (paper §4, Alg. 1 L5-21).
+
+One iteration's rollout (shared/docs/empo2.md §2.2):
+* the mode is drawn ONCE per iteration (`draw_mode`): no_memory 0.75, on_policy_tips 0.08, off_policy 0.17
+  (paper App. F.1: p = 0.25, q ~ 2/3; reference trainer thresholds);
+* B task rows x N episodes run in lockstep: at every step all live episodes are left-padded into ONE batched
+  `generate` call (optionally capped at `generation_batch_size`), then all environments step in parallel threads;
+* in memory modes the tips retrieved for the current observation are appended to that step's user message as the
+  reference's `<tip>` block (memory.tip_block); the block stays in the history where it was retrieved;
+* after every training episode the policy writes a one-sentence tip (`write_tips`, the released tip prompt);
+  tips are never trained on: they are generated outside the episode stream.
+
+Token streams (decisions.md §1-3). Every episode is recorded token-in/token-out: `Episode.ids` are exactly the ids
+the model was given and generated; nothing is re-tokenised before the update. Conversations are append-only (the
+action instruction sits once in the first user turn), so with full history an episode is ONE sequence and the
+loss scores all its actions in one forward pass. Alongside, `Episode.twin_ids` is the same episode built from the
+same message deltas WITHOUT the tip blocks (never by deleting ids afterwards, the reference's bug, empo2.md §9
+item 2); the off-policy update scores the actions in that context. With a history window (`env.history_window`
+>= 0, WebShop style) each step is its own prompt and its own sample, with a tip and a tip-free prompt.
+
+`ChatStream` turns the tokenizer's chat template into append-only token deltas: the first user turn, and
+"end of assistant turn + next user turn + generation prompt". It derives them once from the template by rendering
+sentinel conversations, so it works for ChatML (Qwen, SmolLM2) and other templates that render turns additively.
+
+Deviations: the tip is written from the episode's with-tip stream plus one user turn holding the final
+observation and the tip prompt (the reference sends the final observation and the tip prompt as two user
+messages, the tips as plain text without tags); the intrinsic reward is a real novelty count (memory.py).
+"""
+from __future__ import annotations
+
+import random
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+from envs.base import Env, Task
+from memory import TipEntry, TipMemory, tip_block
+
+MODES = ("no_memory", "on_policy_tips", "off_policy")
+
+# The released (grammar-fixed) version of the paper's App. B tip-generation prompt.
+TIP_PROMPT = (
+    "Thanks for playing. Now you have ended a trajectory and collect some meaningless or valuable information "
+    "from the interactions with the environment. Please summarize the trajectory, and also summarize what "
+    "information you get from this trajectory, and how far this trajectory is from fully completing the task. "
+    "Please respond with only one sentence with only one line, do not include any extra words. "
+    "Your sentence should be less than 100 words."
+)
+
+
+def draw_mode(p_no_memory: float, p_on_policy_tips: float, seed: int, iteration: int, enabled: bool = True) -> str:
+    """One mode per iteration, identical on every rank (seeded by seed and iteration only)."""
+    if not enabled:
+        return "no_memory"
+    u = random.Random(seed * 1_000_003 + iteration).random()
+    p_off = 1.0 - p_no_memory - p_on_policy_tips
+    if u < p_off:
+        return "off_policy"
+    if u < p_off + p_on_policy_tips:
+        return "on_policy_tips"
+    return "no_memory"
+
+
+class ChatStream:
+    """Append-only token deltas from a tokenizer's chat template."""
+
+    _USER1, _ASSISTANT1, _USER2 = "<<U1-sentinel>>", "<<A1-sentinel>>", "<<U2-sentinel>>"
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.eos_id = tokenizer.eos_token_id
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
+        one_turn = self._render(
+            [{"role": "user", "content": self._USER1}, {"role": "assistant", "content": self._ASSISTANT1}], False
+        )
+        two_turns = self._render(
+            [
+                {"role": "user", "content": self._USER1},
+                {"role": "assistant", "content": self._ASSISTANT1},
+                {"role": "user", "content": self._USER2},
+            ],
+            True,
+        )
+        if not two_turns.startswith(one_turn):
+            raise ValueError("the chat template does not render turns append-only; use env.history_window >= 0")
+        after_action = one_turn[one_turn.index(self._ASSISTANT1) + len(self._ASSISTANT1) :]
+        eos_text = tokenizer.decode([self.eos_id])
+        # The generated action ends with eos; the template's closing text starts with it.
+        self.closes_with_eos = after_action.startswith(eos_text)
+        if self.closes_with_eos:
+            after_action = after_action[len(eos_text) :]
+        self._next_prefix, self._next_suffix = (after_action + two_turns[len(one_turn) :]).split(self._USER2)
+
+    def _render(self, messages: list[dict], generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def first(self, user_text: str) -> list[int]:
+        """System prompt (if the template adds one) + first user turn + generation prompt."""
+        return self.encode(self._render([{"role": "user", "content": user_text}], True))
+
+    def close(self, action_ids: list[int]) -> list[int]:
+        """Ids to append after an action that stopped at the token limit instead of at eos."""
+        if self.closes_with_eos and (not action_ids or action_ids[-1] != self.eos_id):
+            return [self.eos_id]
+        return []
+
+    def next(self, user_text: str) -> list[int]:
+        """End of the assistant turn + the next user turn + generation prompt."""
+        return self.encode(self._next_prefix + user_text + self._next_suffix)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+@dataclass
+class StepPrompt:
+    """History-window mode: one self-contained prompt per step."""
+
+    ids: list[int]
+    twin_ids: list[int]
+    action_ids: list[int]
+
+
+@dataclass
+class Episode:
+    task: Task
+    group: int  # episodes with the same group id form one GRPO group
+    mode: str
+    ids: list[int] = field(default_factory=list)  # full-history stream, with tips (what the model saw)
+    mask: list[int] = field(default_factory=list)  # 1 on generated action tokens
+    twin_ids: list[int] = field(default_factory=list)  # the same stream without tip blocks
+    twin_mask: list[int] = field(default_factory=list)
+    steps: list[StepPrompt] = field(default_factory=list)  # history-window mode only
+    observations: list[str] = field(default_factory=list)  # observation before each action
+    actions: list[str] = field(default_factory=list)  # raw model outputs
+    rewards: list[float] = field(default_factory=list)
+    intrinsic: list[float] = field(default_factory=list)
+    tips_retrieved: list[int] = field(default_factory=list)
+    final_observation: str = ""
+    score: float = 0.0
+    success: bool = False
+    done: bool = False
+    truncated: str = ""  # "" | "steps" | "context" | "env_error"
+    tip: str = ""
+    last_action_ids: list[int] = field(default_factory=list)  # to close a turn cut at the token limit
+
+    @property
+    def ret(self) -> float:
+        return float(sum(self.rewards))
+
+    @property
+    def num_actions(self) -> int:
+        return len(self.actions)
+
+
+@torch.no_grad()
+def generate(model, chat: ChatStream, contexts: list[list[int]], *, max_new_tokens: int, temperature: float,
+             top_p: float = 1.0, batch_size: int = 0) -> list[list[int]]:
+    """Left-padded batched sampling; returns each continuation cut after its first eos (kept)."""
+    outputs: list[list[int]] = []
+    step = batch_size if batch_size > 0 else max(1, len(contexts))
+    device = next(model.parameters()).device
+    for start in range(0, len(contexts), step):
+        chunk = contexts[start : start + step]
+        width = max(len(c) for c in chunk)
+        input_ids = torch.full((len(chunk), width), chat.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(chunk), width), dtype=torch.long)
+        for row, ctx in enumerate(chunk):
+            input_ids[row, width - len(ctx) :] = torch.tensor(ctx)
+            attention[row, width - len(ctx) :] = 1
+        sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0 else dict(
+            do_sample=False, temperature=None, top_p=None, top_k=None)
+        generated = model.generate(
+            input_ids=input_ids.to(device), attention_mask=attention.to(device), max_new_tokens=max_new_tokens,
+            pad_token_id=chat.pad_id, eos_token_id=chat.eos_id, **sampling,
+        )[:, width:].tolist()
+        for row in generated:
+            outputs.append(row[: row.index(chat.eos_id) + 1] if chat.eos_id in row else row)
+    return outputs
+
+
+def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], groups: list[int], *, mode: str,
+                 memory: TipMemory | None, max_action_tokens: int, max_prompt_tokens: int, temperature: float,
+                 top_p: float = 1.0, history_window: int = -1, intrinsic_coef: float = 0.0,
+                 intrinsic_memory_modes_only: bool = False, generation_batch_size: int = 0,
+                 pool: ThreadPoolExecutor | None = None, progress=None) -> list[Episode]:
+    """Play len(tasks) episodes in lockstep, one env each (envs[i] plays tasks[i])."""
+    assert len(envs) >= len(tasks), "need one environment per episode"
+    use_tips = mode != "no_memory" and memory is not None
+    count_novelty = memory is not None and intrinsic_coef > 0 and not (intrinsic_memory_modes_only and not use_tips)
+    pool = pool or ThreadPoolExecutor(max_workers=max(1, len(tasks)))
+    episodes = [Episode(task=t, group=g, mode=mode) for t, g in zip(tasks, groups)]
+    first_messages = list(pool.map(lambda pair: pair[0].reset(pair[1]), zip(envs, tasks)))
+    observations = list(first_messages)
+    if count_novelty:
+        for ep, obs in zip(episodes, observations):
+            memory.visit(ep.task.key, obs)
+
+    step = 0
+    while True:
+        live, contexts = [], []
+        for i, ep in enumerate(episodes):
+            if ep.done:
+                continue
+            retrieved = memory.retrieve(ep.task.key, observations[i]) if use_tips else []
+            block = tip_block(retrieved)
+            if history_window < 0:
+                if step == 0:
+                    delta, twin_delta = chat.first(observations[i] + block), chat.first(observations[i])
+                else:
+                    closing = chat.close(ep.last_action_ids)
+                    delta = closing + chat.next(observations[i] + block)
+                    twin_delta = closing + chat.next(observations[i])
+                context = ep.ids + delta
+            else:
+                text = envs[i].window_prompt(history_window)
+                delta, twin_delta = chat.first(text + block), chat.first(text)
+                context = delta
+            if len(context) + max_action_tokens > max_prompt_tokens:
+                ep.done, ep.truncated, ep.final_observation = True, "context", observations[i]
+                continue
+            if history_window < 0:
+                ep.ids += delta
+                ep.mask += [0] * len(delta)
+                ep.twin_ids += twin_delta
+                ep.twin_mask += [0] * len(twin_delta)
+            else:
+                ep.steps.append(StepPrompt(ids=delta, twin_ids=twin_delta, action_ids=[]))
+            ep.tips_retrieved.append(len(retrieved))
+            ep.observations.append(observations[i])
+            live.append(i)
+            contexts.append(context)
+        if not live:
+            break
+
+        actions = generate(model, chat, contexts, max_new_tokens=max_action_tokens, temperature=temperature,
+                           top_p=top_p, batch_size=generation_batch_size)
+        texts = []
+        for i, action_ids in zip(live, actions):
+            ep = episodes[i]
+            if history_window < 0:
+                ep.ids += action_ids
+                ep.mask += [1] * len(action_ids)
+                ep.twin_ids += action_ids
+                ep.twin_mask += [1] * len(action_ids)
+            else:
+                ep.steps[-1].action_ids = action_ids
+            ep.last_action_ids = action_ids
+            text = chat.decode(action_ids).strip()
+            ep.actions.append(text)
+            texts.append(text)
+
+        results = list(pool.map(lambda pair: envs[pair[0]].step(pair[1]), zip(live, texts)))
+        for i, (obs, reward, done, info) in zip(live, results):
+            ep = episodes[i]
+            ep.rewards.append(float(reward))
+            bonus = 0.0
+            if count_novelty and not info.get("env_error"):
+                bonus = 1.0 / memory.visit(ep.task.key, obs)
+            ep.intrinsic.append(bonus)
+            ep.score, ep.success = float(info.get("score", ep.ret)), bool(info.get("success", False))
+            observations[i] = obs
+            if done:
+                ep.done, ep.final_observation = True, obs
+                ep.truncated = "env_error" if info.get("env_error") else "steps" if info.get("truncated") else ""
+        step += 1
+        if progress is not None:
+            progress.set_postfix(step=step, live=len(live))
+    return episodes
+
+
+def clean_tip(text: str, max_words: int = 100) -> str:
+    """First non-empty line, at most `max_words` words ('' if the model wrote nothing usable)."""
+    for line in text.splitlines():
+        line = line.strip().strip('"').strip()
+        if line:
+            return " ".join(line.split()[:max_words])
+    return ""
+
+
+def tip_context(chat: ChatStream, ep: Episode) -> list[int]:
+    """The episode as the model saw it + one user turn with the final observation and the tip prompt."""
+    history = ep.steps[-1].ids + ep.steps[-1].action_ids if ep.steps else ep.ids  # window: last prompt + action
+    if not history:
+        return chat.first(ep.final_observation + "\n\n" + TIP_PROMPT)
+    return history + chat.close(ep.last_action_ids) + chat.next(ep.final_observation + "\n\n" + TIP_PROMPT)
+
+
+def write_tips(model, chat: ChatStream, episodes: list[Episode], memory: TipMemory, *, max_new_tokens: int,
+               temperature: float, generation_batch_size: int = 0) -> dict[str, float]:
+    """The policy reflects on each episode (one batched generate); one staged memory entry per step."""
+    todo = [ep for ep in episodes if ep.num_actions > 0]
+    if not todo:
+        return {"tips_written": 0.0, "tips_empty": 0.0}
+    outputs = generate(model, chat, [tip_context(chat, ep) for ep in todo], max_new_tokens=max_new_tokens,
+                       temperature=temperature, batch_size=generation_batch_size)
+    empty = 0
+    for ep, ids in zip(todo, outputs):
+        ep.tip = clean_tip(chat.decode(ids))
+        if not ep.tip:
+            empty += 1
+            continue
+        for observation, action in zip(ep.observations, ep.actions):
+            memory.stage(ep.task.key, TipEntry(tip=ep.tip, action=action, ret=round(ep.ret, 1), state=observation))
+    return {"tips_written": float(len(todo) - empty), "tips_empty": float(empty)}
+
+
+# ----------------------------------------------------------------------------- training samples
+
+
+@dataclass
+class Sample:
+    """One training sequence. Action tokens appear in the same order in `ids` and `old_ids`."""
+
+    ids: list[int]  # the context the loss scores (tip-free twin for off-policy)
+    mask: list[int]  # 1 on action tokens of `ids`
+    old_ids: list[int]  # the context of the old/behaviour log-probs
+    old_mask: list[int]
+    advantages: list[float]  # one per action token
+    old_logp: list[float] = field(default_factory=list)  # filled by the trainer, one per action token
+
+
+def episode_return(ep: Episode, intrinsic_coef: float) -> float:
+    """R_i used for the advantage: extrinsic return + coef * sum of novelty bonuses."""
+    return ep.ret + intrinsic_coef * float(sum(ep.intrinsic))
+
+
+def build_samples(episodes: list[Episode], advantages: list[float], *, off_policy_old_logp: str = "with_tips"
+                  ) -> list[Sample]:
+    """Episodes -> samples: one per episode (full history) or one per step (history window)."""
+    samples = []
+    for ep, adv in zip(episodes, advantages):
+        off = ep.mode == "off_policy"
+        if ep.steps:
+            pieces = [(s.ids + s.action_ids, s.twin_ids + s.action_ids,
+                       [0] * len(s.ids) + [1] * len(s.action_ids), [0] * len(s.twin_ids) + [1] * len(s.action_ids))
+                      for s in ep.steps if s.action_ids]
+        elif any(ep.mask):
+            pieces = [(ep.ids, ep.twin_ids, ep.mask, ep.twin_mask)]
+        else:
+            pieces = []
+        for ids, twin, mask, twin_mask in pieces:
+            n_actions = sum(mask)
+            if off:
+                old_ids, old_mask = (ids, mask) if off_policy_old_logp == "with_tips" else (twin, twin_mask)
+                samples.append(Sample(twin, twin_mask, old_ids, old_mask, [adv] * n_actions))
+            else:
+                samples.append(Sample(ids, mask, ids, mask, [adv] * n_actions))
+    return samples
+
+
+def split_into_steps(sample: Sample) -> list[Sample]:
+    """A packed full-history sample -> one sample per action (prefix up to that action, only it masked).
+    The loss of the packed sample must equal the token-weighted loss of these (tests/test_rollout.py)."""
+    runs, start = [], None
+    for pos, m in enumerate(sample.mask + [0]):
+        if m and start is None:
+            start = pos
+        elif not m and start is not None:
+            runs.append((start, pos))
+            start = None
+    out, offset = [], 0
+    for begin, end in runs:
+        n = end - begin
+        mask = [0] * begin + [1] * n
+        old_logp = sample.old_logp[offset : offset + n] if sample.old_logp else []
+        out.append(Sample(sample.ids[:end], mask, sample.ids[:end], mask, sample.advantages[offset : offset + n],
+                          old_logp))
+        offset += n
+    return out

@@ -1,0 +1,136 @@
+"""The objective against hand-computed values (losses.py)."""
+import math
+
+import pytest
+import torch
+
+from losses import action_logprobs, clipped_policy_loss, grpo_advantages, group_advantages
+
+
+def loss_of(ratios, advantages, mask=None, old=None, **kw):
+    """Single-sample helper: tokens with given ratios (old log-prob 0 unless given)."""
+    old = torch.tensor([old if old is not None else [0.0] * len(ratios)])
+    logp = (old + torch.log(torch.tensor([ratios], dtype=torch.float32))).requires_grad_(True)
+    adv = torch.tensor([advantages], dtype=torch.float32)
+    mask = torch.tensor([mask or [1] * len(ratios)], dtype=torch.float32)
+    loss, metrics = clipped_policy_loss(logp, old, adv, mask, **kw)
+    return loss, metrics, logp
+
+
+def test_grpo_advantages_hand_computed():
+    adv = grpo_advantages(torch.tensor([1.0, 2.0, 3.0]))  # mean 2, unbiased std 1
+    assert torch.allclose(adv, torch.tensor([-1.0, 0.0, 1.0]) / (1 + 1e-6))
+    adv = grpo_advantages(torch.tensor([0.0, 100.0]))  # mean 50, unbiased std 70.7107
+    assert torch.allclose(adv, torch.tensor([-50.0, 50.0]) / (math.sqrt(5000) + 1e-6))
+
+
+def test_grpo_degenerate_groups():
+    assert grpo_advantages(torch.tensor([-100.0] * 8)).tolist() == [0.0] * 8  # all equal: no signal, no NaN
+    assert grpo_advantages(torch.tensor([42.0])).tolist() == [0.0]  # a group of one has no baseline
+    assert grpo_advantages(torch.tensor([])).tolist() == []
+
+
+def test_group_advantages_groups_are_independent():
+    adv = group_advantages([1.0, 3.0, 10.0, 10.0, 5.0], ["a", "a", "b", "b", "c"])
+    s = math.sqrt(2.0)  # unbiased std of [1, 3]
+    assert adv[0] == pytest.approx(-1 / (s + 1e-6)) and adv[1] == pytest.approx(1 / (s + 1e-6))
+    assert adv[2:] == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    "ratio, adv, expected, clipped",
+    [
+        (1.5, 1.0, -1.3, True),  # A > 0, ratio above 1 + 0.3: clipped at 1.3
+        (1.2, 1.0, -1.2, False),  # inside the asymmetric range [0.8, 1.3]
+        (0.5, 1.0, -0.5, False),  # A > 0, ratio low: min() keeps the unclipped term
+        (0.5, -1.0, 0.8, True),  # A < 0, ratio below 1 - 0.2: clipped at 0.8 (no gradient)
+        (1.25, -2.0, 2.5, False),  # A < 0, ratio 1.25 > 1.2 but the unclipped term is larger
+        (20.0, -1.0, 10.0, True),  # A < 0, huge ratio: dual clip caps the loss at -A * c = 10
+        (5.0, -1.0, 5.0, False),  # A < 0, ratio below c: plain PPO term
+    ],
+)
+def test_clipped_surrogate_hand_computed(ratio, adv, expected, clipped):
+    loss, metrics, _ = loss_of([ratio], [adv], clip_low=0.2, clip_high=0.3, dual_clip=10.0)
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+    assert metrics["clip_frac"] == (1.0 if clipped else 0.0)
+
+
+def test_gradients_follow_the_chosen_branch():
+    _, _, logp = loss_of([0.5], [1.0])
+    loss, _, logp = loss_of([0.5], [1.0])
+    loss.backward()
+    assert logp.grad.item() == pytest.approx(-0.5, rel=1e-5)  # d(-A r)/dlogp = -A r
+    loss, _, logp = loss_of([0.5], [-1.0])
+    loss.backward()
+    assert logp.grad.item() == 0.0  # clipped branch is constant
+    loss, metrics, logp = loss_of([20.0], [-1.0])
+    loss.backward()
+    assert logp.grad.item() == 0.0 and metrics["dual_clip_frac"] == 1.0
+
+
+def test_token_mean_per_sample_then_mean_over_samples():
+    # sample 1: tokens with loss -1.0 and -1.2 (A=1, ratios 1.0, 1.2); sample 2: one token, loss 2.0, + padding
+    logp = torch.log(torch.tensor([[1.0, 1.2], [1.0, 1.0]]))
+    old = torch.zeros(2, 2)
+    adv = torch.tensor([[1.0, 1.0], [-2.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    loss, metrics = clipped_policy_loss(logp, old, adv, mask)
+    assert loss.item() == pytest.approx(((-1.0 - 1.2) / 2 + 2.0) / 2, rel=1e-6)
+    assert metrics["ratio_mean"] == pytest.approx((1.0 + 1.2 + 1.0) / 3, rel=1e-6)
+    assert metrics["ratio_max"] == pytest.approx(1.2, rel=1e-6)
+    assert metrics["action_tokens"] == 3.0
+
+
+def test_token_lowprob_mask_drops_tokens_keeps_normaliser():
+    # current log-probs -1 (kept) and -6 (< -5: masked); old log-probs equal, so ratio 1; A = 1
+    logp = torch.tensor([[-1.0, -6.0]], requires_grad=True)
+    loss, metrics = clipped_policy_loss(logp, logp.detach().clone(), torch.ones(1, 2), torch.ones(1, 2),
+                                        lowprob_mask="token", lowprob_logp_threshold=-5.0)
+    assert loss.item() == pytest.approx(-1.0 / 2)  # only the kept token, divided by both tokens (Eq. 2)
+    assert metrics["masked_frac"] == pytest.approx(0.5)
+    loss.backward()
+    assert logp.grad.tolist() == [[-0.5, 0.0]]
+
+
+def test_sequence_lowprob_mask_drops_whole_sample():
+    logp = torch.tensor([[-1.0, -1.0], [-1.0, -1.0]])
+    old = torch.tensor([[-1.0, -7.0], [-1.0, -1.0]])  # sample 1 has an old log-prob below -5
+    loss, metrics = clipped_policy_loss(logp, old, torch.ones(2, 2), torch.ones(2, 2), lowprob_mask="sequence")
+    # sample 1 dropped (contributes 0), sample 2: ratios 1 -> -1; mean over 2 samples
+    assert loss.item() == pytest.approx(-0.5)
+    assert metrics["masked_frac"] == pytest.approx(0.5)
+
+
+def test_off_policy_variants_hand_computed():
+    """Numerator: current policy WITHOUT tips (logp 0.2). Table 3 denominator: rollout policy WITH tips (0.8);
+    Algorithm 1 denominator: old policy without tips (0.2)."""
+    current_no_tips = torch.log(torch.tensor([[0.2]]))
+    table3, _ = clipped_policy_loss(current_no_tips, torch.log(torch.tensor([[0.8]])), torch.ones(1, 1),
+                                    torch.ones(1, 1))
+    algorithm1, _ = clipped_policy_loss(current_no_tips, current_no_tips.clone(), torch.ones(1, 1), torch.ones(1, 1))
+    assert table3.item() == pytest.approx(-0.25)  # ratio 0.25, A>0: unclipped branch (min keeps 0.25)
+    assert algorithm1.item() == pytest.approx(-1.0)  # ratio 1
+    negative, m = clipped_policy_loss(current_no_tips, torch.log(torch.tensor([[0.8]])), -torch.ones(1, 1),
+                                      torch.ones(1, 1))
+    assert negative.item() == pytest.approx(0.8) and m["clip_frac"] == 1.0  # A<0, ratio<0.8: clipped, no grad
+
+
+def test_approx_kl_and_entropy_metrics():
+    logp = torch.log(torch.tensor([[2.0]]))
+    _, metrics = clipped_policy_loss(logp, torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1),
+                                     entropy=torch.tensor([[0.7]]))
+    assert metrics["approx_kl"] == pytest.approx((2.0 - 1.0) - math.log(2.0), rel=1e-6)
+    assert metrics["entropy"] == pytest.approx(0.7)
+
+
+def test_action_logprobs_values():
+    logits = torch.tensor([[[0.0, math.log(3.0)]]])  # probabilities 0.25 / 0.75
+    logp, entropy = action_logprobs(logits, torch.tensor([[1]]))
+    assert logp.item() == pytest.approx(math.log(0.75))
+    assert entropy.item() == pytest.approx(-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)))
+
+
+def test_nonfinite_inputs_are_detectable():
+    loss, _ = clipped_policy_loss(torch.tensor([[float("nan")]]), torch.zeros(1, 1), torch.ones(1, 1),
+                                  torch.ones(1, 1))
+    assert not torch.isfinite(loss)

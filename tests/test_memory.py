@@ -1,0 +1,90 @@
+"""Tip memory and novelty counts (memory.py)."""
+import json
+
+from memory import TipEntry, TipMemory, jaccard, state_key, tip_block
+
+
+def entry(tip="t", action="look around", ret=0.0, state=""):
+    return TipEntry(tip=tip, action=action, ret=ret, state=state)
+
+
+def test_render_matches_reference_wording():
+    text = entry("You found the key.", "open drawer", 12.345).render()
+    assert text == ("You found the key.; At that timestep, the specific action your took was open drawer; "
+                    "Eventually you got the score 12.3/100.")
+    block = tip_block([entry(ret=1.0)])
+    assert block.startswith("\n\n<tip> Here are some memories you collected in your previous exploration:\n")
+    assert block.endswith("\n</tip>\n\n") and tip_block([]) == ""
+
+
+def test_exact_dedupe():
+    memory = TipMemory()
+    assert memory.add("k", entry())
+    assert not memory.add("k", entry())  # same rendered text
+    assert memory.add("k", entry(action="go to hallway"))  # different action -> different entry
+    assert memory.add("other", entry())  # keys are independent
+    assert memory.size("k") == 2 and memory.size() == 3
+
+
+def test_fifo_eviction_per_key():
+    memory = TipMemory(capacity=3)
+    for i in range(5):
+        memory.add("k", entry(tip=f"tip {i}", ret=float(i)))
+    assert [e.tip for e in memory.entries["k"]] == ["tip 2", "tip 3", "tip 4"]
+    assert memory.add("k", entry(tip="tip 0", ret=0.0))  # evicted text may be stored again
+
+
+def test_top_k_by_return_stable_ties():
+    memory = TipMemory(top_k=3)
+    for tip, ret in [("a", 10.0), ("b", 50.0), ("c", 10.0), ("d", -100.0), ("e", 50.0)]:
+        memory.add("k", entry(tip=tip, ret=ret))
+    assert [e.tip for e in memory.retrieve("k")] == ["b", "e", "a"]  # ties keep insertion order
+    assert memory.retrieve("missing") == []
+
+
+def test_similarity_filter():
+    memory = TipMemory(scorer="jaccard", threshold=0.5)
+    memory.add("k", entry(tip="kitchen", ret=1.0, state="you are in the kitchen"))
+    memory.add("k", entry(tip="hallway", ret=99.0, state="a long hallway with doors"))
+    assert [e.tip for e in memory.retrieve("k", "You are in the kitchen")] == ["kitchen"]
+    assert jaccard("a b", "b c") == 1 / 3
+
+
+def test_novelty_counts():
+    memory = TipMemory()
+    assert memory.visit("k", "You see a  Door") == 1
+    assert memory.visit("k", "you see a door") == 2  # same state after normalisation
+    assert memory.visit("k", "you see a window") == 1
+    assert memory.visit("other", "you see a door") == 1
+    assert state_key(" A\n b ") == "a b"
+
+
+def test_save_load_round_trip(tmp_path):
+    memory = TipMemory(capacity=5)
+    memory.add("power-component/0", entry(tip="wire it", ret=30.0, state="s"))
+    memory.add("power-component/1", entry(tip="x", ret=-100.0))
+    memory.visit("power-component/0", "obs")
+    path = tmp_path / "memory.json"
+    memory.save(str(path))
+    restored = TipMemory(capacity=5)
+    restored.load(str(path))
+    assert restored.state_dict() == memory.state_dict()
+    assert json.loads(path.read_text())["entries"]["power-component/0"][0]["tip"] == "wire it"
+    assert not restored.add("power-component/0", entry(tip="wire it", ret=30.0, state="s"))  # dedupe index restored
+
+
+def test_sync_makes_ranks_identical():
+    ranks = [TipMemory(), TipMemory()]
+    ranks[0].stage("k", entry(tip="from rank 0"))
+    ranks[1].stage("k", entry(tip="from rank 1"))
+    ranks[1].stage("k", entry(tip="from rank 0"))  # duplicate across ranks
+    ranks[0].visit("k", "s1")
+    ranks[1].visit("k", "s1")
+    ranks[1].visit("k", "s2")
+    payloads = [(m.pending_tips, m.pending_visits) for m in ranks]
+    added = [m.sync(lambda _: payloads, rank=r) for r, m in enumerate(ranks)]
+    assert added == [2, 2]
+    assert ranks[0].state_dict() == ranks[1].state_dict()
+    assert [e.tip for e in ranks[0].entries["k"]] == ["from rank 0", "from rank 1"]
+    assert ranks[0].visits["k"] == {"s1": 2, "s2": 1}
+    assert ranks[0].pending_tips == [] and ranks[0].pending_visits == []
