@@ -223,6 +223,23 @@ class EpisodeView:
         self.tips_retrieved, self.intrinsic = list(ep.tips_retrieved), list(ep.intrinsic)
 
 
+def write_rank_fingerprints(out_dir: Path, model, memory, accelerator) -> None:
+    """ranks.json: a hash of every rank's trainable weights and memory. They must all be equal; a mismatch
+    means the ranks drifted apart (e.g. a skipped gradient reduce)."""
+    import hashlib
+
+    weights = hashlib.sha256()
+    for name, param in sorted((n, p) for n, p in model.named_parameters() if p.requires_grad):
+        weights.update(name.encode())
+        weights.update(param.detach().float().cpu().numpy().tobytes())
+    mem = hashlib.sha256(json.dumps(memory.state_dict() if memory else {}, sort_keys=True).encode())
+    everyone = gather_objects(accelerator, (weights.hexdigest(), mem.hexdigest()))
+    if accelerator.is_main_process:
+        (out_dir / "ranks.json").write_text(json.dumps({
+            "world_size": accelerator.num_processes, "weights_sha256": [w for w, _ in everyone],
+            "memory_sha256": [m for _, m in everyone]}, indent=1))
+
+
 # ----------------------------------------------------------------------------- checkpoints
 
 
@@ -481,6 +498,7 @@ def train(cfg: Config) -> dict:
                             cfg.train.keep_checkpoints)
 
     logger.close()
+    write_rank_fingerprints(out_dir, model, memory, accelerator)
     if accelerator.is_main_process and (out_dir / "metrics.jsonl").exists():
         plot_metrics(out_dir / "metrics.jsonl", out_dir / "metrics.png")
     for env in envs:

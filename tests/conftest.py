@@ -1,0 +1,62 @@
+"""Shared fixtures: the real CPU policy (SmolLM2-135M-Instruct + LoRA) and a small scripted text environment."""
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.chdir(ROOT)  # configs/ paths in tests are relative to the repository root
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+from envs.base import Env, Task  # noqa: E402
+
+
+class RoomsEnv(Env):
+    """A deterministic text world for rollout-mechanics tests: the observation names the step and echoes the
+    action; reward 10 for an action containing "look", episode ends after `max_steps` actions."""
+
+    def __init__(self, max_steps: int = 3):
+        self.max_steps, self.t, self.score, self.history = max_steps, 0, 0.0, []
+
+    def tasks(self, split):
+        return [Task("rooms", v) for v in range(2 if split == "train" else 1)]
+
+    def reset(self, task):
+        self.t, self.score, self.history, self.task = 0, 0.0, [], task
+        self.first = f"You are in room 0 of house {task.variation}. Answer with one short action."
+        return self.first
+
+    def step(self, action):
+        self.t += 1
+        reward = 10.0 if "look" in action.lower() else 0.0
+        self.score += reward
+        obs = f"Step {self.t}: you did '{action[:40]}'. You are in room {self.t}."
+        self.history.append((action, obs))
+        done = self.t >= self.max_steps
+        info = dict(score=self.score, success=self.score >= 10 * self.max_steps, truncated=done, env_error="",
+                    action=action)
+        return obs, reward, done, info
+
+    def window_prompt(self, window):
+        lines = [self.first] + [f"Action: {a}\nObservation: {o}" for a, o in self.history[-window:]] if window else []
+        return "\n".join(lines or [self.first])
+
+
+@pytest.fixture(scope="session")
+def policy():
+    from config import ModelConfig
+    from models import load_policy
+
+    torch.manual_seed(0)
+    model, tokenizer = load_policy(ModelConfig(lora_rank=4, lora_alpha=8, lora_targets=["q_proj", "v_proj"]))
+    return model, tokenizer
+
+
+@pytest.fixture
+def rooms_env():
+    return RoomsEnv
