@@ -69,7 +69,7 @@ def forward_action_logprobs(model, seqs: list[list[int]], masks: list[list[int]]
     # position t predicts token t+1
     positions = torch.nonzero(action[:, 1:].any(0)).squeeze(-1)
     ids, attention = ids.to(device), attention.to(device)
-    logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=positions.to(device)).logits
+    logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=positions.to(device), use_cache=False).logits
     targets = ids[:, positions + 1]
     logp, entropy = action_logprobs(logits, targets)
     valid = action[:, positions + 1].to(device)
