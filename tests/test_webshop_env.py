@@ -1,0 +1,161 @@
+"""WebShopEnv: the Env interface, action parsing, rewards, truncation, prompts, shared world, threads."""
+import threading
+
+import pytest
+
+from envs.base import STEP_INFO_KEYS, Env, Task
+from envs.webshop import WebShopConfig, WebShopEnv
+from envs.webshop.agents import scripted_episode
+from envs.webshop.env import format_observation, parse_model_output
+
+
+def act(action: str) -> str:
+    return f"<think>reasoning</think>\n<action>{action}</action>"
+
+
+@pytest.fixture(scope="module")
+def env():
+    return WebShopEnv(WebShopConfig())
+
+
+def test_interface_and_tasks(env):
+    assert isinstance(env, Env)
+    test, train = env.tasks("test"), env.tasks("train")
+    assert len(test) == 500 and test[0] == Task("webshop", 0) and train[0] == Task("webshop", 500)
+    assert len(test) + len(train) == len(env.world.goals)
+    with pytest.raises(ValueError):
+        env.reset(Task("scienceworld-task", 0))
+
+
+def test_parse_model_output():
+    assert parse_model_output(act("click[Buy Now]")) == ("click[Buy Now]", True)
+    assert parse_model_output("<think>x</think><action> 'click[buy now]', </action>") == ("click[buy now]", True)
+    assert parse_model_output("<action>click[buy now]</action>") == ("click[buy now]", False)  # no <think>
+    assert parse_model_output("<action>click[buy now]</action>", require_think=False) == ("click[buy now]", True)
+    assert parse_model_output("<think>思考</think><action>click[buy now]</action>") == ("click[buy now]", False)
+    assert parse_model_output("I will click[buy now] now") == ("click[buy now]", False)  # fallback, still malformed
+    assert parse_model_output("no idea") == (None, False)
+    assert parse_model_output("<think>x</think><action></action>") == (None, False)
+    assert parse_model_output(None) == (None, False)
+
+
+def test_reset_prompt_is_the_papers_template(env):
+    prompt = env.reset(Task("webshop", 3))
+    instruction = env.world.goals[3]["instruction_text"]
+    assert prompt.startswith("You are an expert autonomous agent operating in the WebShop e-commerce environment. "
+                             f"Your task is to: {instruction}. Your current observation is: 'Search'. ")
+    assert "Your admissible actions of the current situation are: [\n'search[<your query>]',\n]." in prompt
+    assert prompt.endswith("present it within <action></action> tags.")
+    assert prompt == env.window_prompt(2) == env.window_prompt(0)
+
+
+def test_step_info_reward_and_buy(env):
+    env.reset(Task("webshop", 0))
+    goal = env.world.goals[0]
+    obs, reward, done, info = env.step(act(f"search[{goal['instruction_text']}]"))
+    assert set(STEP_INFO_KEYS) <= set(info) and info["env_error"] == "" and not done
+    assert info["action"] == f"search[{goal['instruction_text']}]" and reward == 0.0 and info["score"] == 0.0
+    assert f"click[{goal['asin'].lower()}]" in info["admissible_actions"] and "Page 1 (Total results: 50)" in obs
+    env.step(act(f"click[{goal['asin'].lower()}]"))
+    for value in goal["goal_options"].values():
+        env.step(act(f"click[{value}]"))
+    obs, reward, done, info = env.step(act("click[buy now]"))
+    assert done and info["success"] and info["score"] == 100.0 and reward == 100.0 and not info["truncated"]
+    assert "Your score (min 0.0, max 1.0)" in obs and info["admissible_actions"] == []
+    # stepping a finished episode does nothing and does not raise
+    obs2, reward2, done2, info2 = env.step(act("click[buy now]"))
+    assert done2 and reward2 == 0.0 and info2["score"] == 100.0
+
+
+def test_success_reward_mode_and_partial_score():
+    env = WebShopEnv(WebShopConfig(reward_mode="success"))
+    env.reset(Task("webshop", 0))
+    goal = env.world.goals[0]
+    env.step(act(f"search[{goal['instruction_text']}]"))
+    env.step(act(f"click[{goal['asin'].lower()}]"))
+    _, reward, done, info = env.step(act("click[buy now]"))  # no options chosen: partial credit
+    assert done and not info["success"] and 0 < info["score"] < 100 and reward == 0.0
+    env.reset(Task("webshop", 0))
+    env.step(act(f"search[{goal['instruction_text']}]"))
+    env.step(act(f"click[{goal['asin'].lower()}]"))
+    for value in goal["goal_options"].values():
+        env.step(act(f"click[{value}]"))
+    assert env.step(act("click[buy now]"))[1] == 10.0
+
+
+def test_invalid_and_illegal_actions(env):
+    env.reset(Task("webshop", 1))
+    before = env.current_observation()
+    _, reward, done, info = env.step("total garbage")  # malformed: penalty, nothing happens
+    assert reward == pytest.approx(-0.1) and not done and not info["well_formed"] and info["action"] == ""
+    assert env.current_observation() == before
+    _, reward, _, info = env.step(act("click[does not exist]"))  # well-formed but illegal: WebShop's no-op
+    assert reward == 0.0 and info["well_formed"] and not info["legal"] and env.current_observation() == before
+    _, reward, _, info = env.step("search[red shoes]")  # bare action: executed, but malformed -> penalty
+    assert reward == pytest.approx(-0.1) and info["legal"] and env.engine.page == "results"
+
+
+def test_truncation_after_max_steps():
+    env = WebShopEnv(WebShopConfig(max_steps=3, invalid_action_penalty=0.5))
+    env.reset(Task("webshop", 2))
+    results = [env.step("???") for _ in range(3)]
+    assert [r[2] for r in results] == [False, False, True]
+    _, reward, done, info = results[-1]
+    assert info["truncated"] and not info["success"] and info["score"] == 0.0 and reward == -0.5
+    assert info["admissible_actions"] == []
+
+
+def test_window_prompt_history(env):
+    env.reset(Task("webshop", 4))
+    goal = env.world.goals[4]
+    env.step(act("search[first query]"))
+    env.step(act("click[next >]"))
+    env.step(act("click[back to search]"))
+    prompt = env.window_prompt(2)
+    assert "Prior to this step, you have already taken 3 step(s). Below are the most recent 2 observations" in prompt
+    assert "[Observation 2: " in prompt and "Action 2: 'click[next >]']" in prompt
+    assert "Action 3: 'click[back to search]']" in prompt and "Observation 1:" not in prompt
+    assert "You are now at step 4 and your current observation is: 'Search'." in prompt
+    assert f"Your task is to: {goal['instruction_text']}." in prompt
+    assert "Observation 1:" in env.window_prompt(-1)  # full history
+    assert "Prior to this step" not in env.window_prompt(0)
+    small = WebShopEnv(WebShopConfig(max_prompt_chars=500))
+    small.reset(Task("webshop", 4))
+    small.step(act("search[first query]"))
+    assert "Prior to this step" not in small.window_prompt(2)  # too long -> no-history template
+
+
+def test_format_observation_drops_instruction():
+    segments = ["Instruction:", "buy a thing", "Back to Search", "Page 1 (Total results: 3)"]
+    assert format_observation(segments, "buy a thing") == "'Back to Search' [SEP] 'Page 1 (Total results: 3)'"
+
+
+def test_instances_share_the_world_and_run_in_threads():
+    envs = [WebShopEnv(WebShopConfig()) for _ in range(8)]
+    assert all(e.world is envs[0].world for e in envs)
+    tasks = envs[0].tasks("test")[:64]
+    sequential = [scripted_episode(envs[0], t)["score"] for t in tasks]
+    threaded = [None] * len(tasks)
+
+    def worker(k):
+        for i in range(k, len(tasks), len(envs)):
+            threaded[i] = scripted_episode(envs[k], tasks[i])["score"]
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(len(envs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert threaded == sequential
+
+
+def test_step_message_is_state_only(env):
+    messages = []
+    for detour in ([], ["click[next >]"]):  # the same page reached after 2 and after 3 steps
+        env.reset(Task("webshop", 5))
+        for action in ["search[garden hose]", *detour]:
+            env.step(act(action))
+        messages.append(env.step(act("click[back to search]"))[0])
+    assert messages[0] == messages[1] == (
+        "Your current observation is: 'Search'. Your admissible actions of the current situation are: "
+        "[\n'search[<your query>]',\n].")
