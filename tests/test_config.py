@@ -65,3 +65,11 @@ def test_cli_parsing():
     assert parse_overrides(["--a.b=1", "--a.c=x=y"]) == {"a": {"b": "1", "c": "x=y"}}
     with pytest.raises(ConfigError):
         parse_overrides(["positional"])
+
+
+def test_webshop_configs():
+    empo2 = load_config("configs/webshop_empo2.yaml")
+    grpo = load_config("configs/webshop_grpo.yaml")
+    assert empo2.env.name == "webshop" and empo2.env.history_window == 2 and empo2.env.webshop.max_steps == 15
+    assert empo2.rollout.max_action_tokens == 512 and empo2.rollout.group_size == 8
+    assert empo2.memory.enabled and not grpo.memory.enabled and empo2.loss == grpo.loss
