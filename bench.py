@@ -1,6 +1,7 @@
 """Benchmark: one batched `generate` per step versus one call per episode (prints times and the ratio).
 
-    python bench.py --config configs/quickstart.yaml [--episodes=8] [--repeats=3] [--section.key=value ...]
+    python bench.py --config configs/quickstart.yaml [--episodes=8] [--repeats=3] [--prompt_tokens=N]
+                    [--section.key=value ...]
 
 Contexts are real first turns of the configured environment (one per episode, cycling over the training tasks),
 generation uses the config's action-token budget and temperature. Both variants generate the same number of new
@@ -35,7 +36,7 @@ def timed_generate(model, chat, contexts, new_tokens, temperature):
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    options = {"episodes": 8, "repeats": 3}
+    options = {"episodes": 8, "repeats": 3, "prompt_tokens": 0}
     rest = []
     for arg in argv:
         key = arg[2:].split("=", 1)[0]
@@ -54,6 +55,8 @@ def main(argv=None):
     texts = [env.reset(tasks[i % len(tasks)]) for i in range(min(len(tasks), options["episodes"]))]
     env.close()
     contexts = [chat.first(texts[i % len(texts)]) for i in range(options["episodes"])]
+    if options["prompt_tokens"] > 0:  # keep the last N tokens: a decode-dominated regime, as on a GPU
+        contexts = [c[-options["prompt_tokens"] :] for c in contexts]
     new = cfg.rollout.max_action_tokens
     print(f"{len(contexts)} episodes, prompt {min(map(len, contexts))}-{max(map(len, contexts))} tokens, "
           f"{new} new tokens each, torch threads {torch.get_num_threads()}")
