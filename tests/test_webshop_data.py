@@ -3,6 +3,7 @@ import collections
 import itertools
 import json
 import math
+import os
 import random
 from pathlib import Path
 
@@ -12,7 +13,8 @@ from envs.webshop import catalogue, generator, goals
 from envs.webshop.config import WebShopConfig
 from envs.webshop.world import build_world, load_world
 
-REAL_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "webshop"
+# Real WebShop data (never committed): $EMPO2_WEBSHOP_DATA, else ../shared/webshop next to the checkout.
+REAL_DIR = Path(os.environ.get("EMPO2_WEBSHOP_DATA") or Path(__file__).resolve().parents[1].parent / "shared" / "webshop")
 REAL_ATTRIBUTES = REAL_DIR / "items_ins_v2_1000.json"
 
 
