@@ -71,9 +71,7 @@ class ChatStream:
         self.tokenizer = tokenizer
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
-        one_turn = self._render(
-            [{"role": "user", "content": self._USER1}, {"role": "assistant", "content": self._ASSISTANT1}], False
-        )
+        first_turn = self._render([{"role": "user", "content": self._USER1}], True)
         two_turns = self._render(
             [
                 {"role": "user", "content": self._USER1},
@@ -82,15 +80,19 @@ class ChatStream:
             ],
             True,
         )
-        if not two_turns.startswith(one_turn):
-            raise ValueError("the chat template does not render turns append-only; use env.history_window >= 0")
-        after_action = one_turn[one_turn.index(self._ASSISTANT1) + len(self._ASSISTANT1) :]
+        start = two_turns.find(self._ASSISTANT1)
+        if not two_turns.startswith(first_turn) or start < 0:
+            raise ValueError("cannot derive append-only turns from this chat template; use env.history_window >= 0")
+        # Everything the template puts after an assistant message, up to the next generation prompt. Templates that
+        # re-render past turns differently (e.g. Qwen3 drops empty <think> blocks) are fine: the stream keeps what
+        # the model actually saw and generated, it is never re-rendered.
+        after_action = two_turns[start + len(self._ASSISTANT1) :]
         eos_text = tokenizer.decode([self.eos_id])
         # The generated action ends with eos; the template's closing text starts with it.
         self.closes_with_eos = after_action.startswith(eos_text)
         if self.closes_with_eos:
             after_action = after_action[len(eos_text) :]
-        self._next_prefix, self._next_suffix = (after_action + two_turns[len(one_turn) :]).split(self._USER2)
+        self._next_prefix, self._next_suffix = after_action.split(self._USER2)
 
     def _render(self, messages: list[dict], generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
