@@ -69,7 +69,8 @@ def forward_action_logprobs(model, seqs: list[list[int]], masks: list[list[int]]
     # position t predicts token t+1
     positions = torch.nonzero(action[:, 1:].any(0)).squeeze(-1)
     ids, attention = ids.to(device), attention.to(device)
-    logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=positions.to(device), use_cache=False).logits
+    logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=positions.to(device),
+                   use_cache=False).logits
     targets = ids[:, positions + 1]
     logp, entropy = action_logprobs(logits, targets)
     valid = action[:, positions + 1].to(device)
@@ -134,7 +135,9 @@ def update(model, optimizer, samples, cfg: Config, accelerator, mode: str, pad_i
                 sums["loss"] = sums.get("loss", 0.0) + loss.item() * len(micro)
                 ratio_max = max(ratio_max, metrics["ratio_max"])
                 weight += len(micro)
-            finite = all_reduce_gradients(params, len(chunk), finite, accelerator)
+            finite, global_count = all_reduce_gradients(params, len(chunk), finite, accelerator)
+            if global_count == 0:  # no rank had a sample for this mini-batch: nothing to learn, no step
+                continue
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.train.max_grad_norm) if finite else None
             if not finite or not torch.isfinite(grad_norm):
                 optimizer.zero_grad(set_to_none=False)  # never let NaN/inf reach the weights
@@ -150,23 +153,28 @@ def update(model, optimizer, samples, cfg: Config, accelerator, mode: str, pad_i
     return out
 
 
-def all_reduce_gradients(params, n_local: int, finite: bool, accelerator) -> bool:
-    """Sample-weighted mean of the gradients over ranks; returns whether every rank's loss was finite."""
+def all_reduce_gradients(params, n_local: int, finite: bool, accelerator) -> tuple[bool, int]:
+    """Sample-weighted mean of the gradients over ranks.
+
+    Returns (every rank's loss was finite, total number of samples in this mini-batch over all ranks)."""
+    for p in params:  # a rank without samples has no gradient yet; it still takes part in the reduce
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
     if accelerator.num_processes == 1:
-        return finite
-    flat = torch.cat([p.grad.reshape(-1) for p in params]) * n_local
+        return finite, n_local
+    flat = torch.cat([p.grad.reshape(-1).float() for p in params]) * n_local
     header = torch.tensor([float(n_local), 0.0 if finite else 1.0], device=flat.device)
-    total = accelerator.reduce(torch.cat([header, flat.float()]), reduction="sum")
-    count, bad = total[0].item(), total[1].item()
+    total = accelerator.reduce(torch.cat([header, flat]), reduction="sum")
+    count, bad = int(total[0].item()), total[1].item()
     if bad > 0 or count == 0:
-        return bad == 0
+        return bad == 0, count
     flat = total[2:] / count
     offset = 0
     for p in params:
         n = p.grad.numel()
         p.grad.copy_(flat[offset : offset + n].view_as(p.grad).to(p.grad.dtype))
         offset += n
-    return True
+    return True, count
 
 
 # ----------------------------------------------------------------------------- helpers

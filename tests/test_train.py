@@ -122,3 +122,21 @@ def test_two_processes_keep_identical_weights_and_memory(tmp_path):
     assert len(keys) >= 1 and sum(len(s) for s in memory["entries"].values()) > 0
     row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
     assert row["episodes"] == 4  # 2 task rows x 2 episodes, gathered from both ranks
+
+
+def test_update_without_samples_takes_no_step(policy):
+    import random
+
+    from accelerate import Accelerator
+
+    from train import update
+
+    model, tokenizer = policy
+    cfg = load_config("configs/quickstart.yaml", ["--train.minibatches=3"])
+    params = [p for p in model.parameters() if p.requires_grad]
+    before = [p.detach().clone() for p in params]
+    optimizer = torch.optim.AdamW(params, lr=1e-2)
+    metrics = update(model, optimizer, [], cfg, Accelerator(cpu=True), "no_memory", tokenizer.eos_token_id,
+                     random.Random(0))
+    assert metrics["optimizer_steps"] == 0 and metrics["skipped_updates"] == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, params))
