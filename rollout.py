@@ -150,6 +150,13 @@ class Episode:
     tip: str = ""
     last_action_ids: list[int] = field(default_factory=list)  # to close a turn cut at the token limit
 
+    def extend(self, ids: list[int], twin_ids: list[int], action: bool) -> None:
+        """Append to the full-history stream and its tip-free twin (action tokens are masked in)."""
+        self.ids += ids
+        self.mask += [int(action)] * len(ids)
+        self.twin_ids += twin_ids
+        self.twin_mask += [int(action)] * len(twin_ids)
+
     @property
     def ret(self) -> float:
         return float(sum(self.rewards))
@@ -194,6 +201,7 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
     assert len(envs) >= len(tasks), "need one environment per episode"
     use_tips = mode != "no_memory" and memory is not None
     count_novelty = memory is not None and intrinsic_coef > 0 and not (intrinsic_memory_modes_only and not use_tips)
+    own_pool = pool is None
     pool = pool or ThreadPoolExecutor(max_workers=max(1, len(tasks)))
     episodes = [Episode(task=t, group=g, mode=mode) for t, g in zip(tasks, groups)]
     first_messages = list(pool.map(lambda pair: pair[0].reset(pair[1]), zip(envs, tasks)))
@@ -226,10 +234,7 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
                 ep.done, ep.truncated, ep.final_observation = True, "context", observations[i]
                 continue
             if history_window < 0:
-                ep.ids += delta
-                ep.mask += [0] * len(delta)
-                ep.twin_ids += twin_delta
-                ep.twin_mask += [0] * len(twin_delta)
+                ep.extend(delta, twin_delta, action=False)
             else:
                 ep.steps.append(StepPrompt(ids=delta, twin_ids=twin_delta, action_ids=[]))
             ep.tips_retrieved.append(len(retrieved))
@@ -245,10 +250,7 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
         for i, action_ids in zip(live, actions):
             ep = episodes[i]
             if history_window < 0:
-                ep.ids += action_ids
-                ep.mask += [1] * len(action_ids)
-                ep.twin_ids += action_ids
-                ep.twin_mask += [1] * len(action_ids)
+                ep.extend(action_ids, action_ids, action=True)
             else:
                 ep.steps[-1].action_ids = action_ids
             ep.last_action_ids = action_ids
@@ -272,6 +274,8 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
         step += 1
         if progress is not None:
             progress.set_postfix(step=step, live=len(live))
+    if own_pool:
+        pool.shutdown()
     return episodes
 
 
