@@ -43,7 +43,7 @@ from config import Config, ConfigError, load_config, split_cli, to_dict
 from envs import make_env
 from losses import action_logprobs, clipped_policy_loss, group_advantages
 from memory import TipMemory
-from models import load_policy, load_trainable, save_model
+from models import ModelLoadError, load_policy, load_trainable, save_model
 from rollout import ChatStream, build_samples, draw_mode, episode_return, run_episodes, write_tips
 
 
@@ -521,7 +521,10 @@ def main(argv: list[str] | None = None) -> None:
         cfg = load_config(*split_cli(sys.argv[1:] if argv is None else argv))
     except ConfigError as err:
         sys.exit(f"config error: {err}")
-    train(cfg)
+    try:
+        train(cfg)
+    except (ConfigError, ModelLoadError, FileNotFoundError) as err:  # bad input: one clear line, no traceback
+        sys.exit(f"error: {err}")
 
 
 if __name__ == "__main__":
