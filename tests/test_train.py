@@ -78,25 +78,36 @@ def test_resume_continues_at_the_next_iteration(two_iterations):
     assert (out / "checkpoints" / "iter_000003").is_dir()
 
 
-def test_nonfinite_loss_skips_the_update_and_keeps_weights(policy):
+def run_update(policy, samples, minibatches):
+    """One `update` call on the shared policy; returns (metrics, weights unchanged?)."""
+    import random
+
     from accelerate import Accelerator
 
     from train import update
 
     model, tokenizer = policy
-    cfg = load_config("configs/quickstart.yaml", ["--train.minibatches=1"])
+    cfg = load_config("configs/quickstart.yaml", [f"--train.minibatches={minibatches}"])
     params = [p for p in model.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in params]
     optimizer = torch.optim.AdamW(params, lr=1e-2)
+    metrics = update(model, optimizer, samples, cfg, Accelerator(cpu=True), "no_memory", tokenizer.eos_token_id,
+                     random.Random(0))
+    return metrics, all(torch.equal(a, b) for a, b in zip(before, params))
+
+
+def test_nonfinite_loss_skips_the_update_and_keeps_weights(policy):
+    _, tokenizer = policy
     ids = tokenizer.encode("hello world, this is an action", add_special_tokens=False)
     mask = [0, 0] + [1] * (len(ids) - 2)
     bad = Sample(ids, mask, ids, mask, [1.0] * sum(mask), old_logp=[float("nan")] * sum(mask))
-    import random
+    metrics, unchanged = run_update(policy, [bad], minibatches=1)
+    assert metrics["skipped_updates"] == 1 and metrics["optimizer_steps"] == 0 and unchanged
 
-    metrics = update(model, optimizer, [bad], cfg, Accelerator(cpu=True), "no_memory", tokenizer.eos_token_id,
-                     random.Random(0))
-    assert metrics["skipped_updates"] == 1 and metrics["optimizer_steps"] == 0
-    assert all(torch.equal(a, b) for a, b in zip(before, params))
+
+def test_update_without_samples_takes_no_step(policy):
+    metrics, unchanged = run_update(policy, [], minibatches=3)
+    assert metrics["optimizer_steps"] == 0 and metrics["skipped_updates"] == 0 and unchanged
 
 
 def free_port() -> int:
@@ -123,20 +134,3 @@ def test_two_processes_keep_identical_weights_and_memory(tmp_path):
     row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
     assert row["episodes"] == 4  # 2 task rows x 2 episodes, gathered from both ranks
 
-
-def test_update_without_samples_takes_no_step(policy):
-    import random
-
-    from accelerate import Accelerator
-
-    from train import update
-
-    model, tokenizer = policy
-    cfg = load_config("configs/quickstart.yaml", ["--train.minibatches=3"])
-    params = [p for p in model.parameters() if p.requires_grad]
-    before = [p.detach().clone() for p in params]
-    optimizer = torch.optim.AdamW(params, lr=1e-2)
-    metrics = update(model, optimizer, [], cfg, Accelerator(cpu=True), "no_memory", tokenizer.eos_token_id,
-                     random.Random(0))
-    assert metrics["optimizer_steps"] == 0 and metrics["skipped_updates"] == 0
-    assert all(torch.equal(a, b) for a, b in zip(before, params))
