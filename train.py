@@ -481,15 +481,19 @@ def train(cfg: Config) -> dict:
         update_metrics = update(model, optimizer, samples, cfg, accelerator, mode, chat.pad_id, update_rng)
         t3 = time.perf_counter()
 
-        views = [v for part in gather_objects(accelerator, [EpisodeView(ep) for ep in episodes]) for v in part]
-        record = {"iteration": iteration, "mode": mode, **episode_metrics(views, memory)}
-        for key, value in update_metrics.items():  # average the update statistics over ranks
-            gathered = gather_objects(accelerator, value)
-            record[key] = float(max(gathered) if key == "ratio_max" else
-                                sum(gathered) if key in ("samples", "action_tokens", "optimizer_steps")
-                                else np.mean(gathered))
-        tips_all = gather_objects(accelerator, tip_stats)
-        record.update({k: sum(t[k] for t in tips_all) for k in tip_stats})
+        # One exchange per iteration: every rank's episodes, update statistics and tip counts.
+        parts = gather_objects(accelerator, ([EpisodeView(ep) for ep in episodes], update_metrics, tip_stats))
+        record = {"iteration": iteration, "mode": mode,
+                  **episode_metrics([v for views, _, _ in parts for v in views], memory)}
+        for key in update_metrics:
+            values = [stats[key] for _, stats, _ in parts]
+            if key in ("samples", "action_tokens"):  # per-rank counts
+                record[key] = float(sum(values))
+            elif key in ("ratio_max", "optimizer_steps", "skipped_updates"):  # steps are global: equal on all ranks
+                record[key] = float(max(values))
+            else:
+                record[key] = float(np.mean(values))
+        record.update({k: sum(tips[k] for _, _, tips in parts) for k in tip_stats})
         record.update(time_rollout=t1 - t0, time_tips=t2 - t1, time_update=t3 - t2)
 
         if cfg.train.eval_every and (iteration % cfg.train.eval_every == 0 or iteration == cfg.train.iterations):
