@@ -41,6 +41,17 @@ class Task:
 STEP_INFO_KEYS = ("score", "success", "truncated", "env_error", "action")
 
 
+def jaccard(a: str, b: str) -> float:
+    """Word-set Jaccard similarity of two texts (case-insensitive; two empty texts are identical).
+
+    The one text similarity of the project: ScienceWorld's action correction picks the valid action closest to the
+    model's output with it, and the tip memory's optional similarity filter compares observations with it."""
+    words_a, words_b = set(a.lower().split()), set(b.lower().split())
+    if not words_a and not words_b:
+        return 1.0
+    return len(words_a & words_b) / len(words_a | words_b)
+
+
 class Env(abc.ABC):
     """Base class of all environments. Subclasses implement the four abstract methods."""
 
