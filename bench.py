@@ -54,7 +54,7 @@ def main(argv=None):
     tasks = env.tasks("train")
     texts = [env.reset(tasks[i % len(tasks)]) for i in range(min(len(tasks), options["episodes"]))]
     env.close()
-    contexts = [chat.first(texts[i % len(texts)]) for i in range(options["episodes"])]
+    contexts = [chat.first_turn(texts[i % len(texts)]) for i in range(options["episodes"])]
     if options["prompt_tokens"] > 0:  # keep the last N tokens: a decode-dominated regime, as on a GPU
         contexts = [c[-options["prompt_tokens"] :] for c in contexts]
     new = cfg.rollout.max_action_tokens

@@ -6,7 +6,10 @@
   (bool accepts true/false/1/0/yes/no; lists accept YAML syntax such as `[a, b]`).
 * An unknown key, in the file or on the command line, is an error that names the key and lists the
   valid ones. A value of the wrong type is an error that names the key.
+* A config file may start with `base: other.yaml` (a path relative to the file): it then holds only
+  what differs from that file. Bases chain; sections merge key by key; lists are replaced whole.
 * `--output_dir=DIR` and `--resume[=PATH]` are top-level fields like any other.
+* `config_help()` lists every key with its default and the comment next to it (`train.py --help`).
 
 Environment-specific sections (`env.scienceworld`, `env.webshop`) are defined next to their
 environment and imported here, so each environment owns its options.
@@ -14,6 +17,8 @@ environment and imported here, so each environment owns its options.
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -21,12 +26,23 @@ from pathlib import Path
 
 import yaml
 
-from envs.scienceworld import ScienceWorldConfig
+from envs.scienceworld.config import ScienceWorldConfig
 from envs.webshop.config import WebShopConfig
 
 
 class ConfigError(ValueError):
     """A bad config file or override; the message names the offending key."""
+
+
+# The three ways an EMPO² iteration plays and learns (paper §4.2), spelled the same in configs, metrics and code.
+MODES = ("no_memory", "on_policy_tips", "off_policy")
+
+# Keys renamed since earlier versions: a config that still uses one gets the new name in its error.
+RENAMED = {
+    "memory.p_memory_on_policy": "memory.p_on_policy_tips",
+    "memory.p_memory_off_policy": "memory.p_off_policy",
+    "env.history_window": "rollout.history_window",
+}
 
 
 @dataclass
@@ -36,21 +52,18 @@ class ModelConfig:
     name_or_path: str = "smollm2-135m-instruct"
     dtype: str = "float32"  # float32 | bfloat16 | float16 (log-probs are always computed in fp32)
     lora: bool = True  # False = full fine-tune (what the paper did on 8 x A100)
-    lora_rank: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
-    lora_targets: list[str] = field(
+    lora_rank: int = 16  # LoRA rank r
+    lora_alpha: int = 32  # LoRA scaling alpha (the update is scaled by alpha / r)
+    lora_dropout: float = 0.0  # dropout on the LoRA input
+    lora_targets: list[str] = field(  # module names that get LoRA adapters
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
 
 
 @dataclass
 class EnvConfig:
     name: str = "scienceworld"  # scienceworld | webshop
-    # -1 = full append-only history, one episode = one packed training sequence (ScienceWorld default).
-    # k >= 0 = each step's prompt shows only the last k steps; one training sample per step (WebShop).
-    history_window: int = -1
     scienceworld: ScienceWorldConfig = field(default_factory=ScienceWorldConfig)
     webshop: WebShopConfig = field(default_factory=WebShopConfig)
 
@@ -59,28 +72,35 @@ class EnvConfig:
 class RolloutConfig:
     tasks_per_iteration: int = 16  # B: task rows per iteration (over all processes)
     group_size: int = 8  # N: episodes per task row = one GRPO group
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_action_tokens: int = 32
+    temperature: float = 1.0  # sampling temperature of training rollouts
+    top_p: float = 1.0  # nucleus sampling of training rollouts (1 = off)
+    max_action_tokens: int = 32  # new tokens per action (an action cut here is closed with eos)
     max_prompt_tokens: int = 4500  # an episode whose context would exceed this is truncated ("context")
-    tip_max_tokens: int = 512
-    tip_temperature: float = 1.0
+    tip_max_tokens: int = 512  # new tokens for a tip (the first line is kept)
+    tip_temperature: float = 1.0  # sampling temperature of tip writing
     generation_batch_size: int = 0  # 0 = all live episodes in one generate call; >0 caps the batch
+    # -1 = full append-only history, one episode = one packed training sequence (ScienceWorld default).
+    # k >= 0 = each step's prompt shows only the last k steps; one training sample per step (WebShop).
+    history_window: int = -1
 
 
 @dataclass
 class MemoryConfig:
     enabled: bool = True  # False = plain GRPO (the same code, memory off)
-    # Mode probabilities, drawn once per iteration (paper App. F.1 / reference trainer: p=0.25, q~2/3).
-    p_no_memory: float = 0.75
-    p_memory_on_policy: float = 0.08
-    p_memory_off_policy: float = 0.17
-    top_k: int = 10
+    # Mode probabilities, drawn once per iteration (paper App. F.1 / reference trainer: p=0.25, q~2/3); sum to 1.
+    p_no_memory: float = 0.75  # play without tips, learn on-policy
+    p_on_policy_tips: float = 0.08  # play with retrieved tips, learn on-policy with them
+    p_off_policy: float = 0.17  # play with tips, learn off-policy with the tips removed
+    top_k: int = 10  # tips retrieved per step (highest stored return first)
     capacity: int = 1000  # entries per task key, FIFO eviction
     # Similarity filter on retrieval: "none" (reference's effective behaviour: top-k by return),
     # "jaccard" (word-set Jaccard between the current observation and the entry's observation).
     similarity: str = "none"
-    similarity_threshold: float = 0.5
+    similarity_threshold: float = 0.5  # the similarity filter keeps entries scoring above this
+
+    def mode_probabilities(self) -> dict[str, float]:
+        """{mode: probability} in the order of MODES."""
+        return dict(zip(MODES, (self.p_no_memory, self.p_on_policy_tips, self.p_off_policy)))
 
 
 @dataclass
@@ -91,42 +111,42 @@ class IntrinsicConfig:
 
 @dataclass
 class LossConfig:
-    clip_low: float = 0.2
-    clip_high: float = 0.3
-    dual_clip: float = 10.0
+    clip_low: float = 0.2  # ratio clipped below at 1 - clip_low (paper Eq. 1)
+    clip_high: float = 0.3  # ratio clipped above at 1 + clip_high (asymmetric clip)
+    dual_clip: float = 10.0  # negative-advantage loss capped at -A * dual_clip
     # Off-policy old log-prob context: "with_tips" (paper Table 3, reference release) or
     # "without_tips" (paper Algorithm 1 line 27).
     off_policy_old_logp: str = "with_tips"
     # Low-probability mask: "token" (paper Eq. 2), "sequence" (reference variant), "none".
     lowprob_mask: str = "token"
-    lowprob_logp_threshold: float = -5.0
-    lowprob_mask_modes: list[str] = field(default_factory=lambda: ["off_policy"])
-    advantage_eps: float = 1e-6
+    lowprob_logp_threshold: float = -5.0  # log delta of the low-probability mask (paper Eq. 2)
+    lowprob_mask_modes: list[str] = field(default_factory=lambda: ["off_policy"])  # modes the mask applies to
+    advantage_eps: float = 1e-6  # A = (R - mean) / (std + eps)
 
 
 @dataclass
 class TrainConfig:
-    iterations: int = 200
-    lr: float = 1e-5
-    weight_decay: float = 0.01
-    max_grad_norm: float = 1.0
-    epochs: int = 1
+    iterations: int = 200  # training iterations (rollout + update each)
+    lr: float = 1e-5  # AdamW learning rate
+    weight_decay: float = 0.01  # AdamW weight decay
+    max_grad_norm: float = 1.0  # gradient norm clipping
+    epochs: int = 1  # passes over an iteration's samples
     minibatches: int = 4  # optimiser steps per epoch (each process splits its samples into this many)
     micro_batch_size: int = 1  # sequences per forward/backward
     eval_every: int = 20  # 0 = never
     eval_tasks: int = 0  # 0 = all test tasks; n = the first n
-    eval_temperature: float = 0.4
+    eval_temperature: float = 0.4  # sampling temperature of validation / evaluation (reference: 0.4)
     save_every: int = 10  # 0 = only at the end
-    keep_checkpoints: int = 2
-    seed: int = 0
+    keep_checkpoints: int = 2  # newest checkpoints kept on disk
+    seed: int = 0  # every random stream of the run derives from it (runtime.derive_seed)
     torch_threads: int = 0  # 0 = leave torch's default
-    tensorboard: bool = True
+    tensorboard: bool = True  # write TensorBoard events to output_dir/tb
     wandb_project: str = ""  # set to log to Weights & Biases as well (optional dependency)
 
 
 @dataclass
 class Config:
-    output_dir: str = "runs/default"
+    output_dir: str = "runs/default"  # where metrics, plots, config and checkpoints go
     resume: str = ""  # "", a checkpoint folder, or "latest" (newest checkpoint in output_dir)
     model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -137,8 +157,8 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def validate(self) -> None:
-        probs = (self.memory.p_no_memory, self.memory.p_memory_on_policy, self.memory.p_memory_off_policy)
-        if min(probs) < 0 or abs(sum(probs) - 1.0) > 1e-6:
+        probs = self.memory.mode_probabilities()
+        if min(probs.values()) < 0 or abs(sum(probs.values()) - 1.0) > 1e-6:
             raise ConfigError(f"memory.p_* must be >= 0 and sum to 1, got {probs}")
         choices = {
             "loss.off_policy_old_logp": (self.loss.off_policy_old_logp, {"with_tips", "without_tips"}),
@@ -151,7 +171,7 @@ class Config:
             if value not in allowed:
                 raise ConfigError(f"{key}={value!r} is not one of {sorted(allowed)}")
         for mode in self.loss.lowprob_mask_modes:
-            if mode not in ("no_memory", "on_policy_tips", "off_policy"):
+            if mode not in MODES:
                 raise ConfigError(f"loss.lowprob_mask_modes: unknown mode {mode!r}")
         positive = {
             "rollout.tasks_per_iteration": self.rollout.tasks_per_iteration,
@@ -232,6 +252,8 @@ def _apply(obj, values: dict, prefix: str = "") -> None:
     for name, value in values.items():
         key = f"{prefix}{name}"
         if name not in names:
+            if key in RENAMED:
+                raise ConfigError(f"config key {key!r} was renamed to {RENAMED[key]!r}")
             raise ConfigError(f"unknown config key {key!r}; valid keys here: {sorted(names)}")
         current = getattr(obj, name)
         if dataclasses.is_dataclass(current):
@@ -265,17 +287,40 @@ def parse_overrides(args: list[str]) -> dict:
     return tree
 
 
+def read_config_file(path: str | Path, _seen: tuple = ()) -> dict:
+    """A YAML config as a nested mapping, with its `base:` chain merged in (the file's own values win)."""
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    if file.resolve() in _seen:
+        raise ConfigError(f"{path}: circular `base:` chain")
+    try:
+        data = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: `base` must be a path to another config file")
+    return merge(read_config_file(file.parent / base, _seen + (file.resolve(),)), data)
+
+
+def merge(base: dict, override: dict) -> dict:
+    """Nested mappings merged key by key; any other value in `override` replaces the base value."""
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
 def load_config(path: str | None = None, overrides: list[str] | None = None) -> Config:
-    """Defaults <- YAML file <- command-line overrides, then validation."""
+    """Defaults <- YAML file (and its bases) <- command-line overrides, then validation."""
     cfg = Config()
     if path:
-        file = Path(path)
-        if not file.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        data = yaml.safe_load(file.read_text()) or {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping")
-        _apply(cfg, data)
+        _apply(cfg, read_config_file(path))
     _apply(cfg, parse_overrides(overrides or []))
     cfg.validate()
     return cfg
@@ -301,3 +346,38 @@ def split_cli(argv: list[str]) -> tuple[str | None, list[str]]:
 
 def to_dict(cfg) -> dict:
     return dataclasses.asdict(cfg)
+
+
+# ----------------------------------------------------------------------------- --help
+
+
+def field_comments(cls) -> dict[str, str]:
+    """{field name: its comment} read from the dataclass source: the comment at the end of the field's line, else
+    the comment lines just above it. The comments in this file are the documentation; --help shows them."""
+    comments, above = {}, []
+    for line in inspect.getsource(cls).splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            above.append(stripped.lstrip("# "))
+            continue
+        match = re.match(r"\s+(\w+): [^=]+=.*?(?:#\s*(.*))?$", line)
+        if match:
+            comments[match.group(1)] = match.group(2) or " ".join(above)
+        above = []
+    return comments
+
+
+def config_help(obj=None, prefix: str = "") -> str:
+    """Every config key with its default and one line of help, one key per line."""
+    obj = Config() if obj is None else obj
+    comments = field_comments(type(obj))
+    lines = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            lines.append(config_help(value, f"{prefix}{f.name}."))
+            continue
+        shown = yaml.safe_dump(value, default_flow_style=True, width=1_000).strip().removesuffix("\n...").strip()
+        help_text = comments.get(f.name, "")
+        lines.append(f"  --{prefix}{f.name}={shown}" + (f"\n      {help_text}" if help_text else ""))
+    return "\n".join(lines)

@@ -9,7 +9,7 @@ and writes `eval.json` (per-task mean return, success rate, episodes) and `eval.
 `evaluate()` is also the trainer's periodic validation. Under several processes the test tasks are sharded
 over ranks and the results gathered.
 
-Extending (the ID/OOD protocol of paper §6.1 is a later step): `evaluate` takes any task list, so an OOD run
+Extending (the ID/OOD protocol of paper §6.1 is not built yet): `evaluate` takes any task list, so an OOD run
 is `--env.scienceworld.tasks=[other-task]` with a checkpoint trained on another task.
 """
 from __future__ import annotations
@@ -22,8 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-from config import Config, ConfigError, load_config, split_cli
+from config import Config, ConfigError, config_help, load_config, split_cli
+from envs import make_env_pool
+from models import load_policy, load_trainable
 from rollout import ChatStream, run_episodes
+from runtime import gather_objects, make_accelerator
 
 
 def evaluate(model, chat: ChatStream, envs: list, tasks: list, cfg: Config, *, accelerator=None,
@@ -35,21 +38,12 @@ def evaluate(model, chat: ChatStream, envs: list, tasks: list, cfg: Config, *, a
     model.eval()
     for start in range(0, len(jobs), len(envs)):
         chunk = jobs[start : start + len(envs)]
-        episodes = run_episodes(
-            model, chat, envs, chunk, list(range(len(chunk))), mode="no_memory", memory=None,
-            max_action_tokens=cfg.rollout.max_action_tokens, max_prompt_tokens=cfg.rollout.max_prompt_tokens,
-            temperature=cfg.train.eval_temperature, history_window=cfg.env.history_window,
-            generation_batch_size=cfg.rollout.generation_batch_size, pool=pool,
-        )
-        results += [(ep.task.key, ep.ret, ep.success, ep.num_actions) for ep in episodes]
+        episodes = run_episodes(model, chat, envs, chunk, list(range(len(chunk))), mode="no_memory", memory=None,
+                                cfg=cfg.rollout, temperature=cfg.train.eval_temperature, pool=pool)
+        results += [(ep.task.key, ep.extrinsic_return, ep.success, ep.num_actions) for ep in episodes]
         if progress is not None:
             progress.update(len(chunk))
-    if world > 1:
-        import torch.distributed as dist
-
-        everyone = [None] * world
-        dist.all_gather_object(everyone, results)
-        results = [r for part in everyone for r in part]
+    results = [r for part in gather_objects(accelerator, results) for r in part]
     per_task: dict = defaultdict(list)
     for key, ret, success, length in results:
         per_task[key].append((ret, success, length))
@@ -81,13 +75,20 @@ def markdown_table(result: dict, title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+USAGE = """usage: python eval.py --config FILE [--checkpoint=DIR] [--episodes_per_task=N] [--split=test|train]
+                     [--output=DIR] [--section.key=value ...]
+
+Every config key, with its default:
+"""
+
+
 def main(argv: list[str] | None = None) -> dict:
     from tqdm.auto import tqdm
 
-    from models import load_policy, load_trainable
-    from train import make_accelerator, make_env_pool
-
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--help" in argv or "-h" in argv:
+        print(USAGE + config_help())
+        return {}
     extra = {"checkpoint": "", "episodes_per_task": "1", "output": "", "split": "test"}
     rest = []
     for arg in argv:
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> dict:
         load_trainable(model, str(folder / "model" if (folder / "model").is_dir() else folder))
     chat = ChatStream(tokenizer)
     size = max(1, cfg.rollout.tasks_per_iteration // accelerator.num_processes) * cfg.rollout.group_size
-    envs = make_env_pool(cfg, size)
+    envs = make_env_pool(cfg.env, size)
     tasks = envs[0].tasks(extra["split"])
     if cfg.train.eval_tasks > 0:
         tasks = tasks[: cfg.train.eval_tasks]

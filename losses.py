@@ -1,18 +1,21 @@
 """The EMPO² objective as pure functions: tensors and masks in, loss and metrics out.
 
-Paper map (arXiv 2602.23008; equations as rebuilt in shared/docs/empo2.md §3):
+Paper map (arXiv 2602.23008; the equations are written out in docs/algorithm.md):
 
 * `grpo_advantages`     - §2 / Eq. 1: A_i = (R_i - mean_j R_j) / (std_j R_j + eps) within one group (the N episodes
                           of one task row), std unbiased as in the reference. R_i already contains the intrinsic
                           reward (coef * sum_t 1/n_t, see memory.py), so novelty really reaches the advantage
-                          (in the reference release it is computed and then ignored, empo2.md §9 item 1).
+                          (in the reference release it is computed and then ignored; docs/decisions.md).
 * `clipped_policy_loss` - Eq. 1 with the reference's clip values: ratio = exp(logp - old_logp), asymmetric clip
                           [1 - 0.2, 1 + 0.3], dual clip c = 10 for negative advantages; Eq. 2's low-probability
                           token mask (drop tokens whose current probability is below delta, log delta = -5) for
                           the modes it is configured for (default: off-policy only); no KL, no entropy term.
 * `action_logprobs`     - log pi(a_t | context) of the action tokens only, in fp32, plus the policy entropy there.
+* `sequence_action_logprobs`, `compute_old_logprobs`, `samples_loss` - the model-facing side: one forward pass
+                          over right-padded sequences that sends only action positions through the LM head, the
+                          old log-probs once per iteration, and the objective of a micro-batch of samples.
 
-Which context and which old log-prob the caller passes decides the mode (empo2.md §3.3, Table 3):
+Which context and which old log-prob the caller passes decides the mode (docs/algorithm.md, paper Table 3):
 on-policy -> both with the rollout prompt; off-policy -> numerator on the tip-free twin sequence, denominator
 on the tip sequence ("with_tips", Table 3, default) or on the twin ("without_tips", Algorithm 1).
 
@@ -20,14 +23,12 @@ Aggregation ("token-mean per sample, then mean over samples"): each sample's tok
 by the number of its action tokens *before* low-probability masking (the indicator of Eq. 2 multiplies the term,
 the 1/T normaliser stays), then samples are averaged. A packed full-history episode is one sample, so its
 tokens are averaged over the whole episode; the reference averages per step first (seq-mean-token-mean over
-step samples). Deviation on purpose: packing scores all actions in one forward pass (decisions.md §2).
+step samples). Deviation on purpose: packing scores all actions in one forward pass (docs/decisions.md).
 
 Degenerate groups: if all returns in a group are equal (std = 0) every advantage is 0 (no signal, no NaN); a group
 of one episode gets advantage 0 (there is no baseline; the reference would use the raw return).
 """
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn.functional as F
@@ -139,7 +140,65 @@ def clipped_policy_loss(
     return loss, metrics
 
 
-def is_finite(value: torch.Tensor | float) -> bool:
-    if isinstance(value, torch.Tensor):
-        return bool(torch.isfinite(value).all().item())
-    return math.isfinite(value)
+# ----------------------------------------------------------------------------- forward passes over samples
+
+
+def sequence_action_logprobs(model, seqs: list[list[int]], masks: list[list[int]], pad_id: int, device
+                             ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Log-probs (and entropies) of the action tokens of each sequence, in ONE forward pass (right padding).
+
+    seqs[i]: token ids; masks[i]: 1 on action tokens. Only positions that predict an action token go through the
+    LM head (`logits_to_keep`), so a 4k-token episode with 30 x 32 action tokens costs a [B, ~1k, V] logit
+    tensor, not [B, 4k, V]. Returns ([n_actions_i] log-probs per sequence, [n_actions_i] entropies per sequence).
+    """
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(seqs), width), dtype=torch.long)
+    action = torch.zeros((len(seqs), width), dtype=torch.bool)
+    for row, (seq, mask) in enumerate(zip(seqs, masks)):
+        ids[row, : len(seq)] = torch.tensor(seq)
+        attention[row, : len(seq)] = 1
+        action[row, : len(mask)] = torch.tensor(mask, dtype=torch.bool)
+    positions = torch.nonzero(action[:, 1:].any(0)).squeeze(-1)  # position t predicts token t+1
+    ids, attention = ids.to(device), attention.to(device)
+    logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=positions.to(device),
+                   use_cache=False).logits  # [B, K, V]
+    logp, entropy = action_logprobs(logits, ids[:, positions + 1])  # [B, K] each
+    valid = action[:, positions + 1].to(device)
+    return [logp[r][valid[r]] for r in range(len(seqs))], [entropy[r][valid[r]] for r in range(len(seqs))]
+
+
+@torch.no_grad()
+def compute_old_logprobs(model, samples, pad_id: int, device, micro_batch_size: int) -> None:
+    """Fill `sample.old_logp` (the ratio's denominator) for every sample, in the sample's old context."""
+    model.eval()
+    for start in range(0, len(samples), micro_batch_size):
+        micro = samples[start : start + micro_batch_size]
+        logps, _ = sequence_action_logprobs(model, [s.old_ids for s in micro], [s.old_mask for s in micro],
+                                            pad_id, device)
+        for sample, logp in zip(micro, logps):
+            sample.old_logp = logp.float().cpu().tolist()
+
+
+def pad_rows(rows: list[torch.Tensor], device) -> torch.Tensor:
+    """[n_i] tensors -> [S, max n_i], zero-padded."""
+    return torch.nn.utils.rnn.pad_sequence([r.to(device) for r in rows], batch_first=True)
+
+
+def samples_loss(model, micro, pad_id: int, device, loss_cfg, lowprob_mask: str
+                 ) -> tuple[torch.Tensor, dict[str, float]]:
+    """The objective of a micro-batch of rollout Samples (mean over its samples) and its metrics.
+
+    loss_cfg: config.LossConfig (clip values, low-probability threshold); lowprob_mask: the mask for this
+    iteration's mode ("none" unless the mode is in `loss.lowprob_mask_modes`)."""
+    logps, entropies = sequence_action_logprobs(model, [s.ids for s in micro], [s.mask for s in micro], pad_id,
+                                                device)
+    return clipped_policy_loss(
+        pad_rows(logps, device),  # [S, T]
+        pad_rows([torch.tensor(s.old_logp) for s in micro], device),
+        pad_rows([torch.tensor(s.advantages) for s in micro], device),
+        pad_rows([torch.ones(len(s.advantages)) for s in micro], device),
+        clip_low=loss_cfg.clip_low, clip_high=loss_cfg.clip_high, dual_clip=loss_cfg.dual_clip,
+        lowprob_mask=lowprob_mask, lowprob_logp_threshold=loss_cfg.lowprob_logp_threshold,
+        entropy=pad_rows(entropies, device).detach(),
+    )

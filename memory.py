@@ -1,4 +1,4 @@
-"""The tip memory and the novelty counts of EMPO² (paper §4.1-4.2; shared/docs/empo2.md §2.4-2.5).
+"""The tip memory and the novelty counts of EMPO² (paper §4.1-4.2; docs/algorithm.md, "Memory and tips").
 
 Plain Python, keyed by task (`Task.key` = "task-name/variation" or "webshop/goal-index").
 
@@ -8,17 +8,18 @@ of that episode one `TipEntry(tip, action_i, return, state_i)` is stored, render
 * exact de-duplication on the rendered text, per key;
 * capacity per key (default 1000) with FIFO eviction of the oldest entry;
 * retrieval = the top-k (default 10) entries by stored return, stable for ties (insertion order), optionally
-  after a similarity filter: a pluggable `scorer(query_state, entry_state) -> float` keeps entries scoring above a
-  threshold. The dependency-free default scorer is word-set Jaccard over the observation text. The reference
-  embeds the whole chat history with MiniLM, which truncates to 256 word pieces, so its keys are near-identical
-  within a variation and retrieval is effectively "top-10 by score" (empo2.md §2.4): `similarity: none` reproduces
-  that; `jaccard` (or an embedding scorer) gives the state-dependent retrieval the paper describes.
+  after a similarity filter: a pluggable `scorer(query_state, entry_state) -> float` keeps entries scoring above
+  a threshold. The dependency-free scorer (`similarity: jaccard`) is word-set Jaccard over the observation text.
+  The reference embeds the whole chat history with MiniLM, which truncates to 256 word pieces, so its keys are
+  near-identical within a variation and retrieval is effectively "top-10 by score" (docs/decisions.md):
+  `similarity: none` (the default) reproduces that; `jaccard` (or an embedding scorer) gives the state-dependent
+  retrieval the paper describes.
 
 Novelty (intrinsic reward, paper §4.2). `visit(key, observation)` returns n = the number of visits so far of a
 similar state, this one included, and the rollout pays r_int = 1/n (1 for a new state). "Similar" is explicit:
 two observations are the same state when their text is equal after lower-casing and collapsing whitespace
 (`state_key`). Counts are per task key and persist for the run. (The reference instead reuses the tip retrieval
-count, 1/(retrieved + 1), which saturates at 1/11; empo2.md §2.5.)
+count, 1/(retrieved + 1), which saturates at 1/11; docs/decisions.md.)
 
 Several processes. Tips are written at the end of an iteration into a pending list; `sync(gather)` exchanges
 every rank's pending tips and visits (e.g. with accelerate's gather_object) and applies all tips in rank order,
@@ -32,6 +33,8 @@ import os
 from collections import Counter, deque
 from dataclasses import asdict, dataclass
 from typing import Callable
+
+from envs.base import jaccard
 
 TIP_HEADER = "Here are some memories you collected in your previous exploration:\n"
 TIP_OPEN = "\n\n<tip> "
@@ -64,13 +67,6 @@ def tip_block(entries: list[TipEntry]) -> str:
 def state_key(observation: str) -> str:
     """Normalised observation: the definition of "the same state" for novelty counts."""
     return " ".join(observation.lower().split())
-
-
-def jaccard(a: str, b: str) -> float:
-    words_a, words_b = set(a.lower().split()), set(b.lower().split())
-    if not words_a and not words_b:
-        return 1.0
-    return len(words_a & words_b) / len(words_a | words_b)
 
 
 SCORERS: dict[str, Callable[[str, str], float] | None] = {"none": None, "jaccard": jaccard}

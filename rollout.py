@@ -1,30 +1,25 @@
 """Batched multi-turn rollouts with HF `generate`, tip writing, and training samples (paper §4, Alg. 1 L5-21).
 
-One iteration's rollout (shared/docs/empo2.md §2.2):
-* the mode is drawn ONCE per iteration (`draw_mode`): no_memory 0.75, on_policy_tips 0.08, off_policy 0.17
-  (paper App. F.1: p = 0.25, q ~ 2/3; reference trainer thresholds);
+One iteration's rollout (docs/algorithm.md):
+* the mode is drawn ONCE per iteration (`draw_mode`): no_memory 0.75, on_policy_tips 0.08, off_policy 0.17;
 * B task rows x N episodes run in lockstep: at every step all live episodes are left-padded into ONE batched
-  `generate` call (optionally capped at `generation_batch_size`), then all environments step in parallel threads;
-* in memory modes the tips retrieved for the current observation are appended to that step's user message as the
-  reference's `<tip>` block (memory.tip_block); the block stays in the history where it was retrieved;
+  `generate` call (optionally capped at `rollout.generation_batch_size`), then all environments step in threads;
+* in memory modes the tips retrieved for the current observation are appended to that step's user message as a
+  `<tip>` block (memory.tip_block); the block stays in the history where it was retrieved;
 * after every training episode the policy writes a one-sentence tip (`write_tips`, the released tip prompt);
   tips are never trained on: they are generated outside the episode stream.
 
-Token streams (decisions.md §1-3). Every episode is recorded token-in/token-out: `Episode.ids` are exactly the ids
-the model was given and generated; nothing is re-tokenised before the update. Conversations are append-only (the
-action instruction sits once in the first user turn), so with full history an episode is ONE sequence and the
-loss scores all its actions in one forward pass. Alongside, `Episode.twin_ids` is the same episode built from the
-same message deltas WITHOUT the tip blocks (never by deleting ids afterwards, the reference's bug, empo2.md §9
-item 2); the off-policy update scores the actions in that context. With a history window (`env.history_window`
->= 0, WebShop style) each step is its own prompt and its own sample, with a tip and a tip-free prompt.
+Token streams (docs/decisions.md). An episode is recorded token-in/token-out: `Episode.ids` are exactly the ids the
+model was given and generated; nothing is re-tokenised before the update. Conversations are append-only (the action
+instruction sits once in the first user turn), so with full history (`rollout.history_window: -1`) an episode is
+ONE sequence and the loss scores all its actions in one forward pass. Alongside, `Episode.twin_ids` is the same
+episode built from the same message deltas WITHOUT the tip blocks (never by deleting ids afterwards, the
+reference's bug); the off-policy update scores the actions in that context. With a history window (k >= 0,
+WebShop style) each step is its own prompt and its own sample, with a tip and a tip-free prompt.
 
-`ChatStream` turns the tokenizer's chat template into append-only token deltas: the first user turn, and
-"end of assistant turn + next user turn + generation prompt". It derives them once from the template by rendering
-sentinel conversations, so it works for ChatML (Qwen, SmolLM2) and other templates that render turns additively.
-
-Deviations: the tip is written from the episode's with-tip stream plus one user turn holding the final
-observation and the tip prompt (the reference sends the final observation and the tip prompt as two user
-messages, the tips as plain text without tags); the intrinsic reward is a real novelty count (memory.py).
+Deviations: the tip is written from the episode's with-tip stream plus one user turn holding the final observation
+and the tip prompt (the reference sends them as two user messages, its tips as plain text without tags); the
+intrinsic reward is a real novelty count (memory.py).
 """
 from __future__ import annotations
 
@@ -34,10 +29,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from config import MODES, IntrinsicConfig, MemoryConfig, RolloutConfig
 from envs.base import Env, Task
 from memory import TipEntry, TipMemory, tip_block
-
-MODES = ("no_memory", "on_policy_tips", "off_policy")
+from runtime import derive_seed
 
 # The released (grammar-fixed) version of the paper's App. B tip-generation prompt.
 TIP_PROMPT = (
@@ -49,17 +44,16 @@ TIP_PROMPT = (
 )
 
 
-def draw_mode(p_no_memory: float, p_on_policy_tips: float, seed: int, iteration: int, enabled: bool = True) -> str:
+def draw_mode(memory_cfg: MemoryConfig, seed: int, iteration: int) -> str:
     """One mode per iteration, identical on every rank (seeded by seed and iteration only)."""
-    if not enabled:
+    if not memory_cfg.enabled:
         return "no_memory"
-    u = random.Random(seed * 1_000_003 + iteration).random()
-    p_off = 1.0 - p_no_memory - p_on_policy_tips
-    if u < p_off:
-        return "off_policy"
-    if u < p_off + p_on_policy_tips:
-        return "on_policy_tips"
-    return "no_memory"
+    u = random.Random(derive_seed(seed, "mode", iteration)).random()
+    for mode, p in memory_cfg.mode_probabilities().items():
+        if u < p:
+            return mode
+        u -= p
+    return MODES[-1]  # u within rounding of 1
 
 
 class ChatStream:
@@ -82,7 +76,7 @@ class ChatStream:
         )
         start = two_turns.find(self._ASSISTANT1)
         if not two_turns.startswith(first_turn) or start < 0:
-            raise ValueError("cannot derive append-only turns from this chat template; use env.history_window >= 0")
+            raise ValueError("cannot derive append-only turns from this chat template; use rollout.history_window >= 0")
         # Everything the template puts after an assistant message, up to the next generation prompt. Templates that
         # re-render past turns differently (e.g. Qwen3 drops empty <think> blocks) are fine: the stream keeps what
         # the model actually saw and generated, it is never re-rendered.
@@ -100,17 +94,17 @@ class ChatStream:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def first(self, user_text: str) -> list[int]:
+    def first_turn(self, user_text: str) -> list[int]:
         """System prompt (if the template adds one) + first user turn + generation prompt."""
         return self.encode(self._render([{"role": "user", "content": user_text}], True))
 
-    def close(self, action_ids: list[int]) -> list[int]:
-        """Ids to append after an action that stopped at the token limit instead of at eos."""
+    def close_action(self, action_ids: list[int]) -> list[int]:
+        """The eos to append after an action that stopped at the token limit instead of at eos (else [])."""
         if self.closes_with_eos and (not action_ids or action_ids[-1] != self.eos_id):
             return [self.eos_id]
         return []
 
-    def next(self, user_text: str) -> list[int]:
+    def next_turn(self, user_text: str) -> list[int]:
         """End of the assistant turn + the next user turn + generation prompt."""
         return self.encode(self._next_prefix + user_text + self._next_suffix)
 
@@ -132,6 +126,7 @@ class Episode:
     task: Task
     group: int  # episodes with the same group id form one GRPO group
     mode: str
+    windowed: bool = False  # history-window mode: one StepPrompt per step instead of one packed stream
     ids: list[int] = field(default_factory=list)  # full-history stream, with tips (what the model saw)
     mask: list[int] = field(default_factory=list)  # 1 on generated action tokens
     twin_ids: list[int] = field(default_factory=list)  # the same stream without tip blocks
@@ -139,11 +134,10 @@ class Episode:
     steps: list[StepPrompt] = field(default_factory=list)  # history-window mode only
     observations: list[str] = field(default_factory=list)  # observation before each action
     actions: list[str] = field(default_factory=list)  # raw model outputs
-    rewards: list[float] = field(default_factory=list)
-    intrinsic: list[float] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)  # what the environment paid, per step
+    intrinsic: list[float] = field(default_factory=list)  # novelty bonus 1/n per step (0 when not counted)
     tips_retrieved: list[int] = field(default_factory=list)
     final_observation: str = ""
-    score: float = 0.0
     success: bool = False
     done: bool = False
     truncated: str = ""  # "" | "steps" | "context" | "env_error"
@@ -157,13 +151,34 @@ class Episode:
         self.twin_ids += twin_ids
         self.twin_mask += [int(action)] * len(twin_ids)
 
+    def add_prompt(self, ids: list[int], twin_ids: list[int]) -> None:
+        """Record the prompt of a new step (its tip and tip-free versions)."""
+        if self.windowed:
+            self.steps.append(StepPrompt(ids=ids, twin_ids=twin_ids, action_ids=[]))
+        else:
+            self.extend(ids, twin_ids, action=False)
+
+    def add_action(self, action_ids: list[int]) -> None:
+        """Record the generated action ids of the current step (the same ids in both streams)."""
+        if self.windowed:
+            self.steps[-1].action_ids = action_ids
+        else:
+            self.extend(action_ids, action_ids, action=True)
+        self.last_action_ids = action_ids
+
     @property
-    def ret(self) -> float:
+    def extrinsic_return(self) -> float:
+        """The environment's return: the sum of its rewards (ScienceWorld: the final score)."""
         return float(sum(self.rewards))
 
     @property
     def num_actions(self) -> int:
         return len(self.actions)
+
+
+def advantage_return(ep: Episode, intrinsic_coef: float) -> float:
+    """R_i of the GRPO advantage: extrinsic return + coef * sum of the novelty bonuses (paper §4.2)."""
+    return ep.extrinsic_return + intrinsic_coef * float(sum(ep.intrinsic))
 
 
 @torch.no_grad()
@@ -192,21 +207,49 @@ def generate(model, chat: ChatStream, contexts: list[list[int]], *, max_new_toke
     return outputs
 
 
+def full_history_turn(chat: ChatStream, ep: Episode, observation: str, block: str):
+    """(prompt delta, tip-free delta, model context) for the next turn of an append-only episode."""
+    if not ep.ids:
+        delta, twin_delta = chat.first_turn(observation + block), chat.first_turn(observation)
+    else:
+        closing = chat.close_action(ep.last_action_ids)
+        delta = closing + chat.next_turn(observation + block)
+        twin_delta = closing + chat.next_turn(observation)
+    return delta, twin_delta, ep.ids + delta
+
+
+def window_turn(chat: ChatStream, env: Env, window: int, block: str):
+    """(prompt, tip-free prompt, model context) of a history-window step: a fresh one-turn conversation."""
+    text = env.window_prompt(window)
+    delta = chat.first_turn(text + block)
+    return delta, chat.first_turn(text), delta
+
+
+def counts_novelty(mode: str, memory: TipMemory | None, intrinsic: IntrinsicConfig | None) -> bool:
+    """Whether this rollout pays the novelty bonus (needs the memory's visit counts)."""
+    if memory is None or intrinsic is None or intrinsic.coef <= 0:
+        return False
+    return mode != "no_memory" or not intrinsic.memory_modes_only
+
+
 def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], groups: list[int], *, mode: str,
-                 memory: TipMemory | None, max_action_tokens: int, max_prompt_tokens: int, temperature: float,
-                 top_p: float = 1.0, history_window: int = -1, intrinsic_coef: float = 0.0,
-                 intrinsic_memory_modes_only: bool = False, generation_batch_size: int = 0,
-                 pool: ThreadPoolExecutor | None = None, progress=None) -> list[Episode]:
-    """Play len(tasks) episodes in lockstep, one env each (envs[i] plays tasks[i])."""
+                 memory: TipMemory | None, cfg: RolloutConfig, intrinsic: IntrinsicConfig | None = None,
+                 temperature: float | None = None, pool: ThreadPoolExecutor | None = None,
+                 progress=None) -> list[Episode]:
+    """Play len(tasks) episodes in lockstep, one env each (envs[i] plays tasks[i]).
+
+    groups[i]: the GRPO group of episode i; memory: tips to retrieve in memory modes, and the novelty counts;
+    temperature: defaults to cfg.temperature (evaluation passes its own)."""
     assert len(envs) >= len(tasks), "need one environment per episode"
     use_tips = mode != "no_memory" and memory is not None
-    count_novelty = memory is not None and intrinsic_coef > 0 and not (intrinsic_memory_modes_only and not use_tips)
+    novelty = counts_novelty(mode, memory, intrinsic)
+    temperature = cfg.temperature if temperature is None else temperature
+    windowed = cfg.history_window >= 0
     own_pool = pool is None
     pool = pool or ThreadPoolExecutor(max_workers=max(1, len(tasks)))
-    episodes = [Episode(task=t, group=g, mode=mode) for t, g in zip(tasks, groups)]
-    first_messages = list(pool.map(lambda pair: pair[0].reset(pair[1]), zip(envs, tasks)))
-    observations = list(first_messages)
-    if count_novelty:
+    episodes = [Episode(task=t, group=g, mode=mode, windowed=windowed) for t, g in zip(tasks, groups)]
+    observations = list(pool.map(lambda pair: pair[0].reset(pair[1]), zip(envs, tasks)))
+    if novelty:
         for ep, obs in zip(episodes, observations):
             memory.visit(ep.task.key, obs)
 
@@ -218,25 +261,14 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
                 continue
             retrieved = memory.retrieve(ep.task.key, observations[i]) if use_tips else []
             block = tip_block(retrieved)
-            if history_window < 0:
-                if step == 0:
-                    delta, twin_delta = chat.first(observations[i] + block), chat.first(observations[i])
-                else:
-                    closing = chat.close(ep.last_action_ids)
-                    delta = closing + chat.next(observations[i] + block)
-                    twin_delta = closing + chat.next(observations[i])
-                context = ep.ids + delta
+            if windowed:
+                delta, twin_delta, context = window_turn(chat, envs[i], cfg.history_window, block)
             else:
-                text = envs[i].window_prompt(history_window)
-                delta, twin_delta = chat.first(text + block), chat.first(text)
-                context = delta
-            if len(context) + max_action_tokens > max_prompt_tokens:
+                delta, twin_delta, context = full_history_turn(chat, ep, observations[i], block)
+            if len(context) + cfg.max_action_tokens > cfg.max_prompt_tokens:
                 ep.done, ep.truncated, ep.final_observation = True, "context", observations[i]
                 continue
-            if history_window < 0:
-                ep.extend(delta, twin_delta, action=False)
-            else:
-                ep.steps.append(StepPrompt(ids=delta, twin_ids=twin_delta, action_ids=[]))
+            ep.add_prompt(delta, twin_delta)
             ep.tips_retrieved.append(len(retrieved))
             ep.observations.append(observations[i])
             live.append(i)
@@ -244,29 +276,21 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
         if not live:
             break
 
-        actions = generate(model, chat, contexts, max_new_tokens=max_action_tokens, temperature=temperature,
-                           top_p=top_p, batch_size=generation_batch_size)
+        actions = generate(model, chat, contexts, max_new_tokens=cfg.max_action_tokens, temperature=temperature,
+                           top_p=cfg.top_p, batch_size=cfg.generation_batch_size)
         texts = []
         for i, action_ids in zip(live, actions):
-            ep = episodes[i]
-            if history_window < 0:
-                ep.extend(action_ids, action_ids, action=True)
-            else:
-                ep.steps[-1].action_ids = action_ids
-            ep.last_action_ids = action_ids
+            episodes[i].add_action(action_ids)
             text = chat.decode(action_ids).strip()
-            ep.actions.append(text)
+            episodes[i].actions.append(text)
             texts.append(text)
 
         results = list(pool.map(lambda pair: envs[pair[0]].step(pair[1]), zip(live, texts)))
         for i, (obs, reward, done, info) in zip(live, results):
             ep = episodes[i]
             ep.rewards.append(float(reward))
-            bonus = 0.0
-            if count_novelty and not info.get("env_error"):
-                bonus = 1.0 / memory.visit(ep.task.key, obs)
-            ep.intrinsic.append(bonus)
-            ep.score, ep.success = float(info.get("score", ep.ret)), bool(info.get("success", False))
+            ep.intrinsic.append(1.0 / memory.visit(ep.task.key, obs) if novelty and not info.get("env_error") else 0.0)
+            ep.success = bool(info.get("success", False))
             observations[i] = obs
             if done:
                 ep.done, ep.final_observation = True, obs
@@ -292,18 +316,18 @@ def tip_context(chat: ChatStream, ep: Episode) -> list[int]:
     """The episode as the model saw it + one user turn with the final observation and the tip prompt."""
     history = ep.steps[-1].ids + ep.steps[-1].action_ids if ep.steps else ep.ids  # window: last prompt + action
     if not history:
-        return chat.first(ep.final_observation + "\n\n" + TIP_PROMPT)
-    return history + chat.close(ep.last_action_ids) + chat.next(ep.final_observation + "\n\n" + TIP_PROMPT)
+        return chat.first_turn(ep.final_observation + "\n\n" + TIP_PROMPT)
+    return history + chat.close_action(ep.last_action_ids) + chat.next_turn(ep.final_observation + "\n\n" + TIP_PROMPT)
 
 
-def write_tips(model, chat: ChatStream, episodes: list[Episode], memory: TipMemory, *, max_new_tokens: int,
-               temperature: float, generation_batch_size: int = 0) -> dict[str, float]:
+def write_tips(model, chat: ChatStream, episodes: list[Episode], memory: TipMemory, cfg: RolloutConfig
+               ) -> dict[str, float]:
     """The policy reflects on each episode (one batched generate); one staged memory entry per step."""
     todo = [ep for ep in episodes if ep.num_actions > 0]
     if not todo:
         return {"tips_written": 0.0, "tips_empty": 0.0}
-    outputs = generate(model, chat, [tip_context(chat, ep) for ep in todo], max_new_tokens=max_new_tokens,
-                       temperature=temperature, batch_size=generation_batch_size)
+    outputs = generate(model, chat, [tip_context(chat, ep) for ep in todo], max_new_tokens=cfg.tip_max_tokens,
+                       temperature=cfg.tip_temperature, batch_size=cfg.generation_batch_size)
     empty = 0
     for ep, ids in zip(todo, outputs):
         ep.tip = clean_tip(chat.decode(ids))
@@ -311,7 +335,8 @@ def write_tips(model, chat: ChatStream, episodes: list[Episode], memory: TipMemo
             empty += 1
             continue
         for observation, action in zip(ep.observations, ep.actions):
-            memory.stage(ep.task.key, TipEntry(tip=ep.tip, action=action, ret=round(ep.ret, 1), state=observation))
+            entry = TipEntry(tip=ep.tip, action=action, ret=round(ep.extrinsic_return, 1), state=observation)
+            memory.stage(ep.task.key, entry)
     return {"tips_written": float(len(todo) - empty), "tips_empty": float(empty)}
 
 
@@ -328,11 +353,6 @@ class Sample:
     old_mask: list[int]
     advantages: list[float]  # one per action token
     old_logp: list[float] = field(default_factory=list)  # filled by the trainer, one per action token
-
-
-def episode_return(ep: Episode, intrinsic_coef: float) -> float:
-    """R_i used for the advantage: extrinsic return + coef * sum of novelty bonuses."""
-    return ep.ret + intrinsic_coef * float(sum(ep.intrinsic))
 
 
 def build_samples(episodes: list[Episode], advantages: list[float], *, off_policy_old_logp: str = "with_tips"

@@ -1,4 +1,7 @@
-"""Environments behind one tiny interface (envs/base.py). `make_env` builds one from the `env` config section."""
+"""Environments behind one tiny interface (envs/base.py). `make_env` builds one from the `env` config section;
+`make_env_pool` builds the pool a rollout plays in (one environment per live episode)."""
+from concurrent.futures import ThreadPoolExecutor
+
 from envs.base import Env, Task
 
 
@@ -15,4 +18,10 @@ def make_env(env_cfg) -> Env:
     raise ValueError(f"unknown environment {env_cfg.name!r} (expected scienceworld or webshop)")
 
 
-__all__ = ["Env", "Task", "make_env"]
+def make_env_pool(env_cfg, size: int) -> list[Env]:
+    """`size` environments, started in parallel threads (a ScienceWorld JVM takes 1-2.5 s to start)."""
+    with ThreadPoolExecutor(max_workers=min(size, 8)) as pool:
+        return list(pool.map(lambda _: make_env(env_cfg), range(size)))
+
+
+__all__ = ["Env", "Task", "make_env", "make_env_pool"]

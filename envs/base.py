@@ -69,7 +69,7 @@ class Env(abc.ABC):
 
     def window_prompt(self, window: int) -> str:
         """The current state as one self-contained user message showing at most `window` past
-        (action, observation) pairs. Used when `env.history_window >= 0` (one sample per step)."""
+        (action, observation) pairs. Used when `rollout.history_window >= 0` (one sample per step)."""
         raise NotImplementedError(f"{type(self).__name__} does not support history-window prompts")
 
     def close(self) -> None:

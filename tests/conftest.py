@@ -1,19 +1,14 @@
 """Shared fixtures: the real CPU policy (SmolLM2-135M-Instruct + LoRA) and a small scripted text environment."""
 import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.chdir(ROOT)  # configs/ paths in tests are relative to the repository root
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
-from envs.base import Env, Task  # noqa: E402
+from envs.base import Env, Task
 
 
 class RoomsEnv(Env):

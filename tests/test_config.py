@@ -1,11 +1,15 @@
 """The config system: YAML -> typed dataclasses, --key=value overrides, unknown keys rejected by name."""
 from pathlib import Path
 
+import dataclasses
+
 import pytest
 
-from config import ConfigError, load_config, parse_overrides, split_cli
+from config import Config, ConfigError, config_help, load_config, parse_overrides, read_config_file, split_cli
 
-CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = sorted(CONFIG_DIR.glob("*.yaml"))
+QUICKSTART = str(CONFIG_DIR / "quickstart.yaml")
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
@@ -15,20 +19,19 @@ def test_shipped_configs_load(path):
 
 
 def test_paper_settings_in_scienceworld_configs():
-    empo2 = load_config("configs/scienceworld_empo2.yaml")
-    grpo = load_config("configs/scienceworld_grpo.yaml")
+    empo2 = load_config(str(CONFIG_DIR / "scienceworld_empo2.yaml"))
+    grpo = load_config(str(CONFIG_DIR / "scienceworld_grpo.yaml"))
     assert empo2.model.name_or_path == "Qwen/Qwen2.5-7B-Instruct" and empo2.model.lora
     assert (empo2.rollout.group_size, empo2.rollout.tasks_per_iteration, empo2.rollout.max_action_tokens) == (8, 16, 32)
     assert (empo2.loss.clip_low, empo2.loss.clip_high, empo2.loss.dual_clip) == (0.2, 0.3, 10.0)
-    assert (empo2.memory.p_no_memory, empo2.memory.p_memory_on_policy, empo2.memory.p_memory_off_policy) == (
-        0.75, 0.08, 0.17)
+    assert (empo2.memory.p_no_memory, empo2.memory.p_on_policy_tips, empo2.memory.p_off_policy) == (0.75, 0.08, 0.17)
     assert empo2.memory.enabled and not grpo.memory.enabled
     # The GRPO baseline is the same recipe: everything but memory and the bonus is identical.
     assert empo2.loss == grpo.loss and empo2.train == grpo.train and empo2.rollout == grpo.rollout
 
 
 def test_overrides_are_typed():
-    cfg = load_config("configs/quickstart.yaml", ["--train.iterations=7", "--model.lora=false",
+    cfg = load_config(QUICKSTART, ["--train.iterations=7", "--model.lora=false",
                                                   "--loss.clip_high=0.25", "--env.scienceworld.tasks=[boil, melt]",
                                                   "--output_dir=/tmp/x", "--resume"])
     assert cfg.train.iterations == 7 and cfg.model.lora is False and cfg.loss.clip_high == 0.25
@@ -47,7 +50,7 @@ def test_overrides_are_typed():
 ])
 def test_bad_values_name_the_key(override, fragment):
     with pytest.raises(ConfigError, match=fragment.replace(".", r"\.")):
-        load_config("configs/quickstart.yaml", [override])
+        load_config(QUICKSTART, [override])
 
 
 def test_unknown_key_in_yaml(tmp_path):
@@ -68,8 +71,52 @@ def test_cli_parsing():
 
 
 def test_webshop_configs():
-    empo2 = load_config("configs/webshop_empo2.yaml")
-    grpo = load_config("configs/webshop_grpo.yaml")
-    assert empo2.env.name == "webshop" and empo2.env.history_window == 2 and empo2.env.webshop.max_steps == 15
+    empo2 = load_config(str(CONFIG_DIR / "webshop_empo2.yaml"))
+    grpo = load_config(str(CONFIG_DIR / "webshop_grpo.yaml"))
+    assert empo2.env.name == "webshop" and empo2.rollout.history_window == 2 and empo2.env.webshop.max_steps == 15
     assert empo2.rollout.max_action_tokens == 512 and empo2.rollout.group_size == 8
     assert empo2.memory.enabled and not grpo.memory.enabled and empo2.loss == grpo.loss
+
+
+def test_base_config_is_overridden_key_by_key(tmp_path):
+    (tmp_path / "parent.yaml").write_text("train:\n  lr: 0.5\n  seed: 7\nrollout:\n  group_size: 3\n")
+    (tmp_path / "sub").mkdir()
+    child = tmp_path / "sub" / "child.yaml"
+    child.write_text("base: ../parent.yaml\ntrain:\n  seed: 9\n")
+    cfg = load_config(str(child), ["--train.iterations=2"])
+    assert (cfg.train.lr, cfg.train.seed, cfg.rollout.group_size, cfg.train.iterations) == (0.5, 9, 3, 2)
+    assert read_config_file(child) == {"train": {"lr": 0.5, "seed": 9}, "rollout": {"group_size": 3}}
+    (tmp_path / "parent.yaml").write_text("base: sub/child.yaml\n")
+    with pytest.raises(ConfigError, match="circular"):
+        load_config(str(child))
+    child.write_text("base: missing.yaml\n")
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(str(child))
+
+
+def test_grpo_configs_are_their_empo2_base_with_memory_off():
+    for env in ("scienceworld", "webshop"):
+        empo2, grpo = (load_config(str(CONFIG_DIR / f"{env}_{algo}.yaml")) for algo in ("empo2", "grpo"))
+        assert grpo.memory.enabled is False and grpo.intrinsic.coef == 0.0
+        assert grpo.model == empo2.model and grpo.env == empo2.env and grpo.rollout == empo2.rollout
+
+
+def test_renamed_keys_name_their_new_spelling():
+    with pytest.raises(ConfigError, match="renamed to 'memory.p_off_policy'"):
+        load_config(QUICKSTART, ["--memory.p_memory_off_policy=1"])
+
+
+def test_help_lists_every_key_with_its_default_and_help():
+    text = config_help()
+
+    def keys(obj, prefix=""):
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            yield from keys(value, f"{prefix}{f.name}.") if dataclasses.is_dataclass(value) else [f"{prefix}{f.name}"]
+
+    lines = text.splitlines()
+    for key in keys(Config()):
+        (index,) = [i for i, line in enumerate(lines) if line.startswith(f"  --{key}=")]
+        assert index + 1 < len(lines) and lines[index + 1].startswith("      "), f"{key} has no help line"
+    assert "  --train.lr=1.0e-05\n      AdamW learning rate" in text
+    assert "  --memory.p_off_policy=0.17\n" in text

@@ -1,7 +1,8 @@
 """Tip memory and novelty counts (memory.py)."""
 import json
 
-from memory import TipEntry, TipMemory, jaccard, state_key, tip_block
+from envs.base import jaccard
+from memory import TipEntry, TipMemory, state_key, tip_block
 
 
 def entry(tip="t", action="look around", ret=0.0, state=""):

@@ -2,23 +2,35 @@
 import pytest
 import torch
 
+from config import IntrinsicConfig, MemoryConfig, RolloutConfig
 from envs.base import Task
-from losses import clipped_policy_loss
+from losses import clipped_policy_loss, sequence_action_logprobs
 from memory import TipEntry, TipMemory, tip_block
 from rollout import (ChatStream, build_samples, draw_mode, generate, run_episodes, split_into_steps,
                      write_tips)
-from train import forward_action_logprobs
 
 
-def play(policy, env_cls, mode, memory, n=2, window=-1, max_steps=3, **kw):
+
+def play(policy, env_cls, mode, memory, n=2, window=-1, max_steps=3, intrinsic=None):
     model, tokenizer = policy
     chat = ChatStream(tokenizer)
     envs = [env_cls(max_steps) for _ in range(n)]
     tasks = [Task("rooms", 0)] * n
     torch.manual_seed(1)
-    eps = run_episodes(model, chat, envs, tasks, [0] * n, mode=mode, memory=memory, max_action_tokens=8,
-                       max_prompt_tokens=4000, temperature=1.0, history_window=window, **kw)
+    cfg = RolloutConfig(max_action_tokens=8, max_prompt_tokens=4000, temperature=1.0, history_window=window)
+    eps = run_episodes(model, chat, envs, tasks, [0] * n, mode=mode, memory=memory, cfg=cfg, intrinsic=intrinsic)
     return chat, eps
+
+
+def test_draw_mode_probabilities_and_rank_agreement():
+    memory = MemoryConfig(p_no_memory=0.75, p_on_policy_tips=0.08, p_off_policy=0.17)
+    draws = [draw_mode(memory, seed=3, iteration=i) for i in range(20000)]
+    assert draws == [draw_mode(memory, seed=3, iteration=i) for i in range(20000)]  # same on every rank
+    freq = {m: draws.count(m) / len(draws) for m in set(draws)}
+    assert freq["no_memory"] == pytest.approx(0.75, abs=0.015)
+    assert freq["on_policy_tips"] == pytest.approx(0.08, abs=0.01)
+    assert freq["off_policy"] == pytest.approx(0.17, abs=0.015)
+    assert draw_mode(MemoryConfig(enabled=False), 0, 5) == "no_memory"
 
 
 def filled_memory():
@@ -28,30 +40,22 @@ def filled_memory():
     return memory
 
 
-def test_draw_mode_probabilities_and_rank_agreement():
-    draws = [draw_mode(0.75, 0.08, seed=3, iteration=i) for i in range(20000)]
-    assert draws == [draw_mode(0.75, 0.08, seed=3, iteration=i) for i in range(20000)]  # same on every rank
-    freq = {m: draws.count(m) / len(draws) for m in set(draws)}
-    assert freq["no_memory"] == pytest.approx(0.75, abs=0.015)
-    assert freq["on_policy_tips"] == pytest.approx(0.08, abs=0.01)
-    assert freq["off_policy"] == pytest.approx(0.17, abs=0.015)
-    assert draw_mode(0.75, 0.08, 0, 5, enabled=False) == "no_memory"
-
-
+@pytest.mark.slow
 def test_chat_stream_matches_the_chat_template(policy):
     _, tokenizer = policy
     chat = ChatStream(tokenizer)
     messages = [{"role": "user", "content": "Find the red box."}, {"role": "assistant", "content": "look around"},
                 {"role": "user", "content": "You see a red box.\nIt is closed."},
                 {"role": "assistant", "content": "open red box"}, {"role": "user", "content": "Done."}]
-    built = chat.first(messages[0]["content"])
+    built = chat.first_turn(messages[0]["content"])
     for i in range(1, len(messages), 2):
         action = chat.encode(messages[i]["content"]) + [chat.eos_id]
-        built += action + chat.next(messages[i + 1]["content"])
+        built += action + chat.next_turn(messages[i + 1]["content"])
     rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert built == tokenizer.encode(rendered, add_special_tokens=False)
 
 
+@pytest.mark.slow
 def test_twin_stream_is_the_episode_rendered_without_tips(policy, rooms_env):
     chat, eps = play(policy, rooms_env, "off_policy", filled_memory())
     for ep in eps:
@@ -59,11 +63,11 @@ def test_twin_stream_is_the_episode_rendered_without_tips(policy, rooms_env):
         assert "<tip>" in chat.decode(ep.ids) and "<tip>" not in chat.decode(ep.twin_ids)
         # Rebuild the tip-free conversation from its messages and the generated action ids, token for token.
         action_runs = [s.ids[len(s.ids) - sum(s.mask):] for s in split_into_steps(build_samples([ep], [0.0])[0])]
-        expected = chat.first(ep.observations[0])
+        expected = chat.first_turn(ep.observations[0])
         for k, action in enumerate(action_runs):
             expected += action
             if k + 1 < len(action_runs):
-                expected += chat.close(action) + chat.next(ep.observations[k + 1])
+                expected += chat.close_action(action) + chat.next_turn(ep.observations[k + 1])
         assert ep.twin_ids == expected
         # Actions are the same tokens in the same order in both streams.
         assert [t for t, m in zip(ep.ids, ep.mask) if m] == [t for t, m in zip(ep.twin_ids, ep.twin_mask) if m]
@@ -73,12 +77,14 @@ def test_twin_stream_is_the_episode_rendered_without_tips(policy, rooms_env):
         assert block.strip().splitlines()[1] in chat.decode(ep.ids)
 
 
+@pytest.mark.slow
 def test_no_memory_mode_streams_are_identical(policy, rooms_env):
     _, eps = play(policy, rooms_env, "no_memory", filled_memory())
     for ep in eps:
         assert ep.ids == ep.twin_ids and ep.tips_retrieved == [0, 0, 0]
 
 
+@pytest.mark.slow
 def test_off_policy_samples_use_the_twin_and_the_chosen_old_context(policy, rooms_env):
     _, eps = play(policy, rooms_env, "off_policy", filled_memory())
     table3 = build_samples(eps, [1.0, -1.0], off_policy_old_logp="with_tips")
@@ -88,16 +94,17 @@ def test_off_policy_samples_use_the_twin_and_the_chosen_old_context(policy, room
     assert table3[1].advantages == [-1.0] * sum(eps[1].mask)
 
 
+@pytest.mark.slow
 def test_packed_loss_equals_per_step_loss(policy, rooms_env):
     model, tokenizer = policy
     chat, eps = play(policy, rooms_env, "on_policy_tips", filled_memory())
     sample = build_samples(eps[:1], [0.7])[0]
     model.eval()
     with torch.no_grad():
-        (packed_logp,), _ = forward_action_logprobs(model, [sample.ids], [sample.mask], chat.pad_id, "cpu")
+        (packed_logp,), _ = sequence_action_logprobs(model, [sample.ids], [sample.mask], chat.pad_id, "cpu")
         steps = split_into_steps(sample)
-        step_logps, _ = forward_action_logprobs(model, [s.ids for s in steps], [s.mask for s in steps],
-                                                chat.pad_id, "cpu")
+        step_logps, _ = sequence_action_logprobs(model, [s.ids for s in steps], [s.mask for s in steps],
+                                                 chat.pad_id, "cpu")
     assert len(steps) == 3
     assert torch.allclose(packed_logp, torch.cat(step_logps), atol=2e-5)
     # Loss with shifted old log-probs so clipping is active on some tokens.
@@ -114,6 +121,7 @@ def test_packed_loss_equals_per_step_loss(policy, rooms_env):
     assert packed_loss.item() == pytest.approx(total / offset, abs=1e-5)
 
 
+@pytest.mark.slow
 def test_history_window_mode_one_sample_per_step(policy, rooms_env):
     chat, eps = play(policy, rooms_env, "off_policy", filled_memory(), window=1)
     ep = eps[0]
@@ -124,39 +132,43 @@ def test_history_window_mode_one_sample_per_step(policy, rooms_env):
     assert len(samples) == 6 and samples[0].ids[-len(ep.steps[0].action_ids):] == ep.steps[0].action_ids
 
 
+@pytest.mark.slow
 def test_context_truncation_is_recorded(policy, rooms_env):
     model, tokenizer = policy
     chat = ChatStream(tokenizer)
     eps = run_episodes(model, chat, [rooms_env(5)], [Task("rooms", 0)], [0], mode="no_memory", memory=None,
-                       max_action_tokens=8, max_prompt_tokens=120, temperature=1.0)
+                       cfg=RolloutConfig(max_action_tokens=8, max_prompt_tokens=120, temperature=1.0))
     assert eps[0].truncated == "context" and 0 < eps[0].num_actions < 5
 
 
+@pytest.mark.slow
 def test_intrinsic_reward_counts_visits(policy, rooms_env):
     memory = TipMemory()
-    _, eps = play(policy, rooms_env, "no_memory", memory, intrinsic_coef=1.0)
+    _, eps = play(policy, rooms_env, "no_memory", memory, intrinsic=IntrinsicConfig(coef=1.0))
     # Observations include the (sampled) action text, so most states are new: bonus in (0, 1].
     assert all(0 < b <= 1 for ep in eps for b in ep.intrinsic)
     assert sum(memory.visits["rooms/0"].values()) == 2 * (1 + 3)
-    _, eps = play(policy, rooms_env, "no_memory", memory, intrinsic_coef=1.0, intrinsic_memory_modes_only=True)
+    _, eps = play(policy, rooms_env, "no_memory", memory, intrinsic=IntrinsicConfig(coef=1.0, memory_modes_only=True))
     assert all(b == 0 for ep in eps for b in ep.intrinsic)
 
 
+@pytest.mark.slow
 def test_tips_are_written_by_the_policy_and_staged(policy, rooms_env):
     model, tokenizer = policy
     memory = TipMemory()
     chat, eps = play(policy, rooms_env, "no_memory", memory)
-    stats = write_tips(model, chat, eps, memory, max_new_tokens=24, temperature=1.0)
+    stats = write_tips(model, chat, eps, memory, RolloutConfig(tip_max_tokens=24, tip_temperature=1.0))
     assert stats["tips_written"] + stats["tips_empty"] == 2
     assert len(memory.pending_tips) == 3 * stats["tips_written"]
     memory.sync()
     assert memory.size("rooms/0") >= 1 and all(e.tip and "\n" not in e.tip for e in memory.entries["rooms/0"])
 
 
+@pytest.mark.slow
 def test_batched_generate_matches_per_episode_greedy(policy):
     model, tokenizer = policy
     chat = ChatStream(tokenizer)
-    prompts = [chat.first(text) for text in ["Say hi.", "Name a colour, one word.", "What is 2+2?"]]
+    prompts = [chat.first_turn(text) for text in ["Say hi.", "Name a colour, one word.", "What is 2+2?"]]
     batched = generate(model, chat, prompts, max_new_tokens=6, temperature=0.0)
     single = [generate(model, chat, [p], max_new_tokens=6, temperature=0.0)[0] for p in prompts]
     assert batched == single

@@ -15,6 +15,8 @@ from config import load_config
 from rollout import Sample
 
 ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")
+pytestmark = [pytest.mark.slow, pytest.mark.java]  # real ScienceWorld and the real CPU policy
 TINY = [
     "--env.scienceworld.tasks=[find-living-thing]", "--env.scienceworld.max_steps=2",
     "--env.scienceworld.train_variations=2", "--env.scienceworld.test_variations=1",
@@ -22,7 +24,7 @@ TINY = [
     "--rollout.group_size=2", "--rollout.max_action_tokens=8", "--rollout.tip_max_tokens=16",
     "--train.minibatches=2", "--train.eval_tasks=1", "--train.torch_threads=1", "--train.tensorboard=true",
     # off-policy in every iteration: exercises tips in the prompt, the twin stream and the masked update
-    "--memory.p_no_memory=0", "--memory.p_memory_on_policy=0", "--memory.p_memory_off_policy=1",
+    "--memory.p_no_memory=0", "--memory.p_on_policy_tips=0", "--memory.p_off_policy=1",
 ]
 METRIC_KEYS = {"iteration", "mode", "return_mean", "return_std", "success_rate", "episode_length", "truncation_rate",
                "tips_retrieved", "memory_size", "loss", "ratio_mean", "ratio_max", "clip_frac", "masked_frac",
@@ -39,7 +41,7 @@ def two_iterations(tmp_path_factory):
     from train import train
 
     out = tmp_path_factory.mktemp("run")
-    cfg = load_config("configs/quickstart.yaml", TINY + [f"--output_dir={out}", "--train.iterations=2",
+    cfg = load_config(QUICKSTART, TINY + [f"--output_dir={out}", "--train.iterations=2",
                                                          "--train.save_every=1", "--train.eval_every=2"])
     train(cfg)
     return out
@@ -69,7 +71,7 @@ def test_resume_continues_at_the_next_iteration(two_iterations):
     from train import train
 
     out = two_iterations
-    cfg = load_config("configs/quickstart.yaml", TINY + [f"--output_dir={out}", "--train.iterations=3",
+    cfg = load_config(QUICKSTART, TINY + [f"--output_dir={out}", "--train.iterations=3",
                                                          "--train.eval_every=0", "--resume=latest"])
     train(cfg)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -87,7 +89,7 @@ def run_update(policy, samples, minibatches):
     from train import update
 
     model, tokenizer = policy
-    cfg = load_config("configs/quickstart.yaml", [f"--train.minibatches={minibatches}"])
+    cfg = load_config(QUICKSTART, [f"--train.minibatches={minibatches}"])
     params = [p for p in model.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in params]
     optimizer = torch.optim.AdamW(params, lr=1e-2)
@@ -119,7 +121,7 @@ def free_port() -> int:
 def test_two_processes_keep_identical_weights_and_memory(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           "train.py", "--config", "configs/quickstart.yaml", *TINY, f"--output_dir={tmp_path}",
+           "train.py", "--config", QUICKSTART, *TINY, f"--output_dir={tmp_path}",
            "--train.iterations=1", "--rollout.tasks_per_iteration=2", "--train.eval_every=0",
            "--train.tensorboard=false"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -1,0 +1,100 @@
+"""Checkpoints: save atomically, find, resume; and the rank fingerprints that show ranks stayed identical.
+
+A checkpoint is a folder `output_dir/checkpoints/iter_XXXXXX/` with
+    model/              the LoRA adapter (or the full weights) and the tokenizer (models.save_model)
+    optimizer.pt        AdamW state
+    memory.json         the tip memory and novelty counts (when memory or the intrinsic reward is on)
+    state.json          {"iteration": i, "world_size": n}
+    rng_rank{r}.pt      Python / NumPy / torch (/ CUDA) generator states of every rank
+It is written to a temporary folder and renamed into place, so a crash leaves a complete checkpoint or none.
+The newest `keep` checkpoints are kept.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from models import load_trainable, save_model
+from runtime import gather_objects
+
+
+def save_checkpoint(out_dir: Path, iteration: int, model, tokenizer, optimizer, memory, accelerator,
+                    keep: int) -> Path:
+    folder = out_dir / "checkpoints" / f"iter_{iteration:06d}"
+    tmp = out_dir / "checkpoints" / f".tmp_iter_{iteration:06d}"
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        save_model(model, tokenizer, str(tmp / "model"))
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        if memory is not None:
+            memory.save(str(tmp / "memory.json"))
+        (tmp / "state.json").write_text(json.dumps({"iteration": iteration, "world_size": accelerator.num_processes}))
+    accelerator.wait_for_everyone()
+    rng_state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng_state["cuda"] = torch.cuda.get_rng_state_all()
+    torch.save(rng_state, tmp / f"rng_rank{accelerator.process_index}.pt")
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(tmp, folder)  # a checkpoint folder is complete or absent
+        old = sorted((out_dir / "checkpoints").glob("iter_*"))
+        for stale in old[: max(0, len(old) - keep)]:
+            shutil.rmtree(stale, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return folder
+
+
+def find_checkpoint(out_dir: Path, resume: str) -> Path | None:
+    """`resume` is "" (start fresh), "latest" (the newest in out_dir) or a checkpoint folder."""
+    if not resume:
+        return None
+    if resume == "latest":
+        found = sorted((out_dir / "checkpoints").glob("iter_*"))
+        if not found:
+            raise FileNotFoundError(f"--resume=latest: no checkpoint in {out_dir / 'checkpoints'}")
+        return found[-1]
+    path = Path(resume)
+    if not (path / "state.json").is_file():
+        raise FileNotFoundError(f"--resume={resume}: not a checkpoint folder (no state.json)")
+    return path
+
+
+def load_checkpoint(folder: Path, model, optimizer, memory, accelerator) -> int:
+    """Restore weights, optimizer, memory and this rank's generators; returns the checkpoint's iteration."""
+    load_trainable(model, str(folder / "model"))
+    optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location=accelerator.device))
+    if memory is not None and (folder / "memory.json").is_file():
+        memory.load(str(folder / "memory.json"))
+    rng_file = folder / f"rng_rank{accelerator.process_index}.pt"
+    if rng_file.is_file():
+        state = torch.load(rng_file, weights_only=False)
+        random.setstate(state["python"])
+        np.random.set_state(state["numpy"])
+        torch.set_rng_state(state["torch"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
+    return json.loads((folder / "state.json").read_text())["iteration"]
+
+
+def write_rank_fingerprints(out_dir: Path, model, memory, accelerator) -> None:
+    """ranks.json: a hash of every rank's trainable weights and memory. They must all be equal; a mismatch
+    means the ranks drifted apart (e.g. a skipped gradient reduce)."""
+    weights = hashlib.sha256()
+    for name, param in sorted((n, p) for n, p in model.named_parameters() if p.requires_grad):
+        weights.update(name.encode())
+        weights.update(param.detach().float().cpu().numpy().tobytes())
+    mem = hashlib.sha256(json.dumps(memory.state_dict() if memory else {}, sort_keys=True).encode())
+    everyone = gather_objects(accelerator, (weights.hexdigest(), mem.hexdigest()))
+    if accelerator.is_main_process:
+        (out_dir / "ranks.json").write_text(json.dumps({
+            "world_size": accelerator.num_processes, "weights_sha256": [w for w, _ in everyone],
+            "memory_sha256": [m for _, m in everyone]}, indent=1))

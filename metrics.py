@@ -1,0 +1,146 @@
+"""What a run reports: one record per iteration in metrics.jsonl, TensorBoard (wandb optional), and metrics.png.
+
+* `EpisodeStats` / `episode_metrics`: return, success, length, truncation reasons, tips, novelty of a set of
+  episodes (the extrinsic return: what the environment paid, without the novelty bonus).
+* `merge_rank_metrics`: one iteration's record from every rank's episodes, update statistics and tip counts.
+* `MetricsLogger`: appends records on the main process; `plot_metrics` draws the PNG from metrics.jsonl.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from config import MODES, Config, to_dict
+
+TRUNCATION_REASONS = ("steps", "context", "env_error")
+
+
+@dataclass
+class EpisodeStats:
+    """The fields the metrics need, small and picklable, for gathering across ranks."""
+
+    extrinsic_return: float
+    success: bool
+    num_actions: int
+    truncated: str
+    tips_retrieved: list[int]
+    intrinsic: list[float]
+
+    @classmethod
+    def of(cls, ep) -> "EpisodeStats":
+        return cls(ep.extrinsic_return, ep.success, ep.num_actions, ep.truncated, list(ep.tips_retrieved),
+                   list(ep.intrinsic))
+
+
+def episode_metrics(episodes: list[EpisodeStats], memory=None) -> dict:
+    returns = [ep.extrinsic_return for ep in episodes]
+    n = max(len(episodes), 1)
+    out = {
+        "return_mean": float(np.mean(returns)) if returns else 0.0,
+        "return_std": float(np.std(returns)) if returns else 0.0,
+        "success_rate": sum(ep.success for ep in episodes) / n,
+        "episode_length": float(np.mean([ep.num_actions for ep in episodes])) if episodes else 0.0,
+        "truncation_rate": sum(bool(ep.truncated) for ep in episodes) / n,
+        "episodes": float(len(episodes)),
+    }
+    for reason in TRUNCATION_REASONS:
+        out[f"truncated_{reason}"] = sum(ep.truncated == reason for ep in episodes) / n
+    steps = [k for ep in episodes for k in ep.tips_retrieved]
+    out["tips_retrieved"] = float(np.mean(steps)) if steps else 0.0
+    bonus = [b for ep in episodes for b in ep.intrinsic]
+    out["intrinsic_mean"] = float(np.mean(bonus)) if bonus else 0.0
+    if memory is not None:
+        out["memory_size"] = float(memory.size())
+    return out
+
+
+# Update statistics that are counts (summed over ranks) and ones that are equal on all ranks or maxima.
+SUMMED_KEYS = ("samples", "action_tokens")
+MAX_KEYS = ("ratio_max", "optimizer_steps", "skipped_updates")  # optimiser steps are global: equal on all ranks
+
+
+def merge_rank_metrics(parts: list[tuple[list[EpisodeStats], dict, dict]], memory=None) -> dict:
+    """parts: one (episode stats, update statistics, tip counts) per rank -> one flat record."""
+    record = episode_metrics([ep for episodes, _, _ in parts for ep in episodes], memory)
+    for key in parts[0][1]:
+        values = [stats[key] for _, stats, _ in parts]
+        if key in SUMMED_KEYS:
+            record[key] = float(sum(values))
+        elif key in MAX_KEYS:
+            record[key] = float(max(values))
+        else:
+            record[key] = float(np.mean(values))
+    for key in parts[0][2]:
+        record[key] = float(sum(tips[key] for _, _, tips in parts))
+    return record
+
+
+class MetricsLogger:
+    """metrics.jsonl + TensorBoard (+ optional wandb) on the main process; a no-op elsewhere."""
+
+    def __init__(self, out_dir: Path, cfg: Config, enabled: bool):
+        self.enabled, self.path, self.tb, self.wandb = enabled, out_dir / "metrics.jsonl", None, None
+        if not enabled:
+            return
+        if cfg.train.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(out_dir / "tb"))
+        if cfg.train.wandb_project:
+            import wandb  # optional dependency
+
+            self.wandb = wandb.init(project=cfg.train.wandb_project, config=to_dict(cfg), dir=str(out_dir))
+
+    def log(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        step = record["iteration"]
+        if self.tb:
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and key != "iteration" and math.isfinite(value):
+                    self.tb.add_scalar(key, value, step)
+            if "mode" in record:
+                self.tb.add_scalar(f"by_mode/{record['mode']}/return_mean", record.get("return_mean", 0.0), step)
+            self.tb.flush()
+        if self.wandb:
+            self.wandb.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=step)
+
+    def close(self) -> None:
+        if self.tb:
+            self.tb.close()
+
+
+def plot_metrics(metrics_path: Path, png_path: Path) -> None:
+    """Return per iteration (coloured by mode) and validation return, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    if not rows:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for mode, colour in zip(MODES, ("tab:blue", "tab:green", "tab:orange")):
+        pts = [(r["iteration"], r["return_mean"]) for r in rows if r.get("mode") == mode]
+        if pts:
+            axes[0].scatter(*zip(*pts), s=12, c=colour, label=mode)
+    axes[0].plot([r["iteration"] for r in rows], [r["return_mean"] for r in rows], c="grey", lw=0.6)
+    val = [(r["iteration"], r["val_return_mean"]) for r in rows if "val_return_mean" in r]
+    if val:
+        axes[0].plot(*zip(*val), "k-o", ms=3, label="validation (no memory)")
+    axes[0].set(xlabel="iteration", ylabel="return", title="training return")
+    axes[0].legend(fontsize=7)
+    for key in ("clip_frac", "masked_frac", "approx_kl"):
+        axes[1].plot([r["iteration"] for r in rows], [r.get(key, 0.0) for r in rows], label=key)
+    axes[1].set(xlabel="iteration", title="update statistics")
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)
