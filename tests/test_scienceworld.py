@@ -1,7 +1,9 @@
 """ScienceWorld env tests against the real simulator (Java 17 + scienceworld==1.2.3, no mocks).
 
-One module-scoped env (one JVM) is shared by most tests; demos are generated into a temporary cache directory, so
-the gold-path demo generation runs here too. Runtime ~20-40 s on 2 cores.
+The text-helper tests need no JVM (they run under -m "not slow" in well under a second). The others start real
+JVMs and are marked java + slow; they skip without the scienceworld package. One module-scoped env (one JVM) is
+shared by most of them; demos are generated into a temporary cache directory, so the gold-path demo generation runs
+here too. Runtime ~20-40 s on 2 cores.
 """
 from __future__ import annotations
 
@@ -13,18 +15,10 @@ import time
 
 import pytest
 
-pytest.importorskip("scienceworld")
-
-from envs.base import STEP_INFO_KEYS, Task  # noqa: E402
-from envs.scienceworld import (  # noqa: E402
-    NAIVE_INSTRUCTION,
-    ScienceWorldConfig,
-    ScienceWorldEnv,
-    best_match,
-    build_instruction,
-    clean_action,
-    focus_items,
-)
+from envs.base import STEP_INFO_KEYS, Task
+from envs.scienceworld import ScienceWorldConfig, ScienceWorldEnv
+from envs.scienceworld.demos import forget_demos
+from envs.scienceworld.prompts import NAIVE_INSTRUCTION, best_match, build_instruction, clean_action, focus_items
 
 PC = Task("power-component", 0)
 
@@ -39,6 +33,8 @@ def _check_info(info: dict) -> None:
 
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory):
+    """Every JVM test uses this fixture (directly or through `env`), so they all skip without the package."""
+    pytest.importorskip("scienceworld")
     return tmp_path_factory.mktemp("sw_demos")
 
 
@@ -89,9 +85,11 @@ def test_instruction_wording():
     assert "Important! You can only use FOCUS actions on these items: red light bulb.\n" in text
 
 
-# ----------------------------------------------------------------------------- real simulator
+# ----------------------------------------------------------------------------- real simulator (JVM: java + slow)
 
 
+@pytest.mark.java
+@pytest.mark.slow
 def test_task_splits(env):
     train = env.tasks("train")
     assert train == [Task("power-component", v) for v in range(5)] + [
@@ -105,6 +103,8 @@ def test_task_splits(env):
         env.tasks("dev")
 
 
+@pytest.mark.java
+@pytest.mark.slow
 def test_first_message_has_instruction_and_demos(env, cache_dir):
     msg = env.reset(PC)
     assert msg.startswith("This room is called")
@@ -127,6 +127,8 @@ def test_first_message_has_instruction_and_demos(env, cache_dir):
     assert pc[0]["variations"][-1] <= 9  # still the training split (0-9)
 
 
+@pytest.mark.java
+@pytest.mark.slow
 def test_demo_cache_and_dev_fallback(env, cache_dir):
     # identify-life-stages-2 has only 4 training variations, all used for training -> dev split (4, 5)
     env.reset(Task("identify-life-stages-2", 0))
@@ -135,9 +137,7 @@ def test_demo_cache_and_dev_fallback(env, cache_dir):
     assert len(ils) == 1 and ils[0]["variations"] == [4, 5]
     # the disk cache is used when the in-process cache is empty (no regeneration: fast, same text)
     demos = env.demos("power-component")
-    with ScienceWorldEnv._cache_lock:
-        for key in [k for k in ScienceWorldEnv._demo_cache if k.startswith("power-component|")]:
-            del ScienceWorldEnv._demo_cache[key]
+    forget_demos("power-component")
     t = time.perf_counter()
     assert env.demos("power-component") == demos
     assert time.perf_counter() - t < 0.5
@@ -153,6 +153,8 @@ def test_demo_cache_and_dev_fallback(env, cache_dir):
     assert len(list(cache_dir.glob("*power-component*.json"))) == 2
 
 
+@pytest.mark.java
+@pytest.mark.slow
 def test_bad_config_raises(cache_dir):
     with pytest.raises(ValueError):
         ScienceWorldEnv(ScienceWorldConfig(tasks=["no-such-task"], demo_cache_dir=str(cache_dir)))
@@ -160,6 +162,8 @@ def test_bad_config_raises(cache_dir):
         ScienceWorldEnv(ScienceWorldConfig(tasks=["power-component"], simplification="bogus"))
 
 
+@pytest.mark.java
+@pytest.mark.slow
 def test_gold_episode_reaches_100(env):
     gold = env.gold_actions(PC)
     env.reset(PC)
@@ -178,6 +182,8 @@ def test_gold_episode_reaches_100(env):
     assert done and reward == 0.0
 
 
+@pytest.mark.java
+@pytest.mark.slow
 def test_initial_score_is_paid_in_the_first_reward(env):
     """find-animal starts at score 8; the rewards still sum to the final score (100). No demos: faster."""
     task = Task("find-animal", 0)
@@ -197,6 +203,8 @@ def test_initial_score_is_paid_in_the_first_reward(env):
         env.cfg.num_demos = 2
 
 
+@pytest.mark.java
+@pytest.mark.slow
 def test_wrong_focus_fails_with_negative_return(env):
     env.reset(PC)
     total = 0.0
@@ -209,6 +217,8 @@ def test_wrong_focus_fails_with_negative_return(env):
     assert not info["success"] and not info["truncated"]
 
 
+@pytest.mark.java
+@pytest.mark.slow
 def test_step_limit_truncates(env):
     env.cfg.max_steps_per_task = {"power-component": 3}
     try:
@@ -227,6 +237,8 @@ def test_step_limit_truncates(env):
         env.cfg.max_steps_per_task = {}
 
 
+@pytest.mark.java
+@pytest.mark.slow
 def test_action_correction(env):
     env.reset(PC)
     obs, reward, done, info = env.step("look arund")
@@ -245,6 +257,8 @@ def test_action_correction(env):
             env.reset(PC)
 
 
+@pytest.mark.java
+@pytest.mark.slow
 def test_no_correction_is_noop(env):
     env.cfg.action_correction = False
     try:
@@ -260,6 +274,8 @@ def test_no_correction_is_noop(env):
         env.cfg.action_correction = True
 
 
+@pytest.mark.java
+@pytest.mark.slow
 def test_ambiguity_prompt_is_resolved(env):
     env.reset(PC)
     obs, reward, done, info = env.step("open door")  # several doors -> ScienceWorld asks "which one?"
@@ -268,6 +284,8 @@ def test_ambiguity_prompt_is_resolved(env):
     assert obs.startswith("This room is called")
 
 
+@pytest.mark.java
+@pytest.mark.slow
 def test_window_prompt_shows_last_k_steps(env):
     first = env.reset(PC)
     assert env.window_prompt(2) == first
@@ -285,6 +303,8 @@ def test_window_prompt_shows_last_k_steps(env):
     assert env.window_prompt(100)[len(first):].count("Action: ") == 4
 
 
+@pytest.mark.java
+@pytest.mark.slow
 def test_crash_recovery(env):
     env.reset(PC)
     env.step("teleport to workshop")
@@ -306,6 +326,8 @@ def test_crash_recovery(env):
     assert env.step("teleport to workshop")[1] > 0
 
 
+@pytest.mark.java
+@pytest.mark.slow
 def test_two_envs_in_threads(env, cache_dir):
     """A second instance (own JVM) plays concurrently with the shared one; its demos come from the shared cache."""
     other = ScienceWorldEnv(ScienceWorldConfig(tasks=["power-component"], demo_cache_dir=str(cache_dir)))
