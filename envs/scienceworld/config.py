@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class ScienceWorldConfig:
-    tasks: list[str] = field(default_factory=lambda: ["power-component"])  # ScienceWorld task names (paper: one per run)
+    tasks: list[str] = field(default_factory=lambda: ["power-component"])  # task names, one run per task in the paper
     simplification: str = "easy"  # "" = none; comma-separated ScienceWorld simplifications or "easy"
     max_steps: int = 30  # actions per episode (paper App. D.2)
     max_steps_per_task: dict[str, int] = field(default_factory=dict)  # e.g. {chemistry-mix: 60} (reference json)
