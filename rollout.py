@@ -57,7 +57,11 @@ def draw_mode(memory_cfg: MemoryConfig, seed: int, iteration: int) -> str:
 
 
 class ChatStream:
-    """Append-only token deltas from a tokenizer's chat template."""
+    """Append-only token deltas from a tokenizer's chat template.
+
+    An episode's stream is `first_turn(obs_0)`, then per step: the action ids, `close_action(action)` and
+    `next_turn(obs_t)`. The deltas are derived once from the template by rendering sentinel conversations, so this
+    works for ChatML (Qwen, SmolLM2) and other templates that render turns additively."""
 
     _USER1, _ASSISTANT1, _USER2 = "<<U1-sentinel>>", "<<A1-sentinel>>", "<<U2-sentinel>>"
 
@@ -377,24 +381,3 @@ def build_samples(episodes: list[Episode], advantages: list[float], *, off_polic
             else:
                 samples.append(Sample(ids, mask, ids, mask, [adv] * n_actions))
     return samples
-
-
-def split_into_steps(sample: Sample) -> list[Sample]:
-    """A packed full-history sample -> one sample per action (prefix up to that action, only it masked).
-    The loss of the packed sample must equal the token-weighted loss of these (tests/test_rollout.py)."""
-    runs, start = [], None
-    for pos, m in enumerate(sample.mask + [0]):
-        if m and start is None:
-            start = pos
-        elif not m and start is not None:
-            runs.append((start, pos))
-            start = None
-    out, offset = [], 0
-    for begin, end in runs:
-        n = end - begin
-        mask = [0] * begin + [1] * n
-        old_logp = sample.old_logp[offset : offset + n] if sample.old_logp else []
-        out.append(Sample(sample.ids[:end], mask, sample.ids[:end], mask, sample.advantages[offset : offset + n],
-                          old_logp))
-        offset += n
-    return out

@@ -53,6 +53,7 @@ def _tiny(folder, **overrides) -> ModelConfig:
 # ----------------------------------------------------------------------------- the alias
 
 
+@pytest.mark.slow
 def test_alias_converts_loads_and_chats(smollm2):
     model, tokenizer = smollm2
     folder = models.resolve_model_path(models.SMOLLM2_ALIAS)
@@ -115,6 +116,7 @@ def test_alias_without_package_names_the_pip_command(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------- a local folder (Qwen2)
 
 
+@pytest.mark.slow
 def test_local_qwen2_folder_with_lora(qwen_folder, smollm2):
     model, tokenizer = models.load_policy(_tiny(qwen_folder, lora_targets=["q_proj", "v_proj", "w1"]))
     assert type(model.get_base_model()).__name__ == "Qwen2ForCausalLM"
@@ -156,6 +158,7 @@ def test_local_qwen2_folder_with_lora(qwen_folder, smollm2):
     assert out.shape[0] == 2 and enc["input_ids"].shape[1] < out.shape[1] <= enc["input_ids"].shape[1] + 30
 
 
+@pytest.mark.slow
 def test_full_finetune_trains_everything(qwen_folder):
     model, _ = models.load_policy(_tiny(qwen_folder, lora=False, gradient_checkpointing=True))
     assert not models._is_peft(model)
@@ -164,11 +167,13 @@ def test_full_finetune_trains_everything(qwen_folder):
     assert set(models.trainable_state(model)) == {name for name, _ in model.named_parameters()}
 
 
+@pytest.mark.slow
 def test_bad_lora_targets_are_an_error(qwen_folder):
     with pytest.raises(models.ModelLoadError, match="q_proj"):
         models.load_policy(_tiny(qwen_folder, lora_targets=["query", "value"]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lora", [True, False])
 def test_save_and_load_trainable_round_trip(qwen_folder, tmp_path, lora):
     model, tokenizer = models.load_policy(_tiny(qwen_folder, lora=lora))

@@ -6,8 +6,7 @@ from config import IntrinsicConfig, MemoryConfig, RolloutConfig
 from envs.base import Task
 from losses import clipped_policy_loss, sequence_action_logprobs
 from memory import TipEntry, TipMemory, tip_block
-from rollout import (ChatStream, build_samples, draw_mode, generate, run_episodes, split_into_steps,
-                     write_tips)
+from rollout import ChatStream, Sample, build_samples, draw_mode, generate, run_episodes, write_tips
 
 
 
@@ -31,6 +30,27 @@ def test_draw_mode_probabilities_and_rank_agreement():
     assert freq["on_policy_tips"] == pytest.approx(0.08, abs=0.01)
     assert freq["off_policy"] == pytest.approx(0.17, abs=0.015)
     assert draw_mode(MemoryConfig(enabled=False), 0, 5) == "no_memory"
+
+
+def split_into_steps(sample: Sample) -> list[Sample]:
+    """A packed full-history sample -> one sample per action (prefix up to that action, only it masked): the
+    reference's per-step samples. The loss of the packed sample must equal the token-weighted loss of these."""
+    runs, start = [], None
+    for pos, m in enumerate(sample.mask + [0]):
+        if m and start is None:
+            start = pos
+        elif not m and start is not None:
+            runs.append((start, pos))
+            start = None
+    out, offset = [], 0
+    for begin, end in runs:
+        n = end - begin
+        mask = [0] * begin + [1] * n
+        old_logp = sample.old_logp[offset : offset + n] if sample.old_logp else []
+        out.append(Sample(sample.ids[:end], mask, sample.ids[:end], mask, sample.advantages[offset : offset + n],
+                          old_logp))
+        offset += n
+    return out
 
 
 def filled_memory():

@@ -231,7 +231,6 @@ class ScienceWorldEnv(Env):
         self._steps = 0
         self._done = False
         self._last_info = self._info(action="", env_error="")
-        self._current_observation = observation
         return self._first_message
 
     def _info(self, *, action: str, env_error: str, truncated: bool = False, **extra) -> dict:
@@ -307,7 +306,6 @@ class ScienceWorldEnv(Env):
             info = self._info(action=self._executed, env_error="", truncated=truncated, raw_action=cleaned,
                               corrected=corrected, moves=moves)
             self._history.append((cleaned, observation))
-            self._current_observation = observation
             self._last_info = info
             return observation, reward, done, info
 
@@ -323,7 +321,6 @@ class ScienceWorldEnv(Env):
         info = self._info(action=cleaned, env_error=message or "ScienceWorld error", raw_action=cleaned,
                           corrected=False)
         self._history.append((cleaned, CRASH_OBSERVATION))
-        self._current_observation = CRASH_OBSERVATION
         self._last_info = info
         return CRASH_OBSERVATION, 0.0, True, info
 

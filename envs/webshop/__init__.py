@@ -1,4 +1,4 @@
-"""WebShop (webshop.md): a faithful pure-Python re-implementation, in-process and as a Flask site.
+"""WebShop (docs/webshop.md): a faithful pure-Python re-implementation, in-process and as a Flask site.
 
     from envs.webshop import WebShopEnv, WebShopConfig
     env = WebShopEnv(WebShopConfig())            # offline generated catalogue by default

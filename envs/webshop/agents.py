@@ -11,8 +11,8 @@ Prints score (100 x mean task reward) and success rate (% of episodes with rewar
     ("with name: value, and ..."), buys;
   * the random agent: searches the instruction, then clicks uniformly among the admissible actions
     until it buys or hits the step cap;
-and the median latency of `env.step` for search and for click steps (webshop.md §7.7 target:
-< 5 ms for 1000 products). The numbers describe the configured catalogue (by default the
+and the median latency of `env.step` for search and for click steps (docs/webshop.md §9;
+target < 5 ms for 1000 products). The numbers describe the configured catalogue (by default the
 generated offline one), not the published WebShop setting.
 """
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
     python -m envs.webshop.app --port 3000 [--host 127.0.0.1] [--data-dir DIR] [--split test]
 
-Maps to webshop.md §1.1 (upstream `app.py`, the human-facing site) and §7.1 ("an optional small
-Flask app rendering the same state as HTML"). It renders the very same `WebShopEngine` state the
+See docs/webshop.md §8; the counterpart of upstream WebShop's `app.py` (the human-facing site),
+as a small Flask app. It renders the very same `WebShopEngine` state the
 agents see, so a person can shop the same goals: search box, result pages, item page with option
 groups, description/features/reviews, buy now, and a score page with the reward breakdown.
 

@@ -1,11 +1,11 @@
 """Product catalogue: the official WebShop file formats, product processing, the download helper.
 
-Maps to webshop.md:
-  §1.6  product loading: which raw fields are kept and how they are normalised (`process_products`);
+Maps to docs/webshop.md:
+  §6.1  file schemas: `items_shuffle*.json` (list of raw Amazon products), `items_ins_v2*.json`
+        (asin -> attributes [+ instruction, instruction_attributes]), `items_human_ins.json`;
+        product loading: which raw fields are kept and how they are normalised (`process_products`);
         one fixed price per load (single price, uniform(low, high) for a range, 100.0 if missing).
-  §2    file schemas: `items_shuffle*.json` (list of raw Amazon products), `items_ins_v2*.json`
-        (asin -> attributes [+ instruction, instruction_attributes]), `items_human_ins.json`.
-  §5    offline default: `generator.py` writes a catalogue in the same raw schema; it goes through
+  §6.2  offline default: `generator.py` writes a catalogue in the same raw schema; it goes through
         the same `process_products`.
 
 Deviations (deliberate, documented):
@@ -35,8 +35,8 @@ DUMMY_ATTRIBUTE = "DUMMY_ATTR"
 
 _AGENTGYM = "https://raw.githubusercontent.com/WooooDyy/AgentGym/3ef9235d23e68e7c2920c5422ad957dc8ced5c6c/agentenv-webshop/webshop/data"
 _WEBSHOP = "https://raw.githubusercontent.com/princeton-nlp/WebShop/64fa2a5c15c7daa698b9ac93f5bb5437b634c9bd/baseline_models/data"
-# file name -> (url, expected size in bytes or None, expected sha256 or None); sizes from
-# shared/webshop/README.md. The originals are also fetched by WebShop's `setup.sh -d small`
+# file name -> (url, expected size in bytes or None, expected sha256 or None); size and hash are
+# those of the published files at these commits. The originals are also fetched by WebShop's `setup.sh -d small`
 # (gdown from Google Drive, e.g. id 1IduG0xl544V_A_jv3tHXC0kyFi7PnyBu for items_ins_v2_1000.json).
 OFFICIAL_SOURCES = {
     "items_shuffle_1000.json": (f"{_AGENTGYM}/items_shuffle_1000.json", 4_467_013, None),
@@ -67,7 +67,7 @@ def parse_pricing(pricing) -> list[float]:
 
 
 def format_price(prices: list[float]) -> str:
-    """Display text of §1.4: '$X' for one price, '$X to $Y' for a range, '$100.0' if missing."""
+    """Display text (docs/webshop.md §2.3): '$X' for one price, '$X to $Y' for a range, '$100.0' if missing."""
     if not prices:
         return f"${MISSING_PRICE}"
     if len(prices) == 1:
@@ -97,7 +97,7 @@ def _process_options(raw) -> dict[str, list[str]]:
 
 def process_products(raw_products: list[dict], attributes: dict | None, seed: int = 0,
                      limit: int = 0) -> list[dict]:
-    """Turn raw product dicts (official schema) into the engine's product records (§1.6).
+    """Turn raw product dicts (official schema) into the engine's product records (docs/webshop.md §6.1).
 
     Returns a list in file order (the search index and ties follow this order). Each record:
     asin, Title, Description, BulletPoints, Price (list), price_text, price (the sampled value the

@@ -1,6 +1,6 @@
 """WebShop options (the `env.webshop` config section).
 
-The history window is a global option (`env.history_window`), not repeated here. Every field
+The history window is a rollout option (`rollout.history_window`), not repeated here. Every field
 is documented next to its default; `validate()` is called by the environment when it starts.
 """
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """The WebShop page machine: per-episode state, actions, [SEP] text observations, clickables.
 
-Maps to webshop.md:
-  §1.2  pages and transitions (search -> results -> item -> description/features/reviews -> done),
+Maps to docs/webshop.md:
+  §2.1  pages and transitions (search -> results -> item -> description/features/reviews -> done),
         top-50 results shown 10 per page, options recorded per group and cleared whenever the
         results or search page is shown again, "< prev" semantics per page;
-  §1.3  actions `search[...]` / `click[...]` parsed with the regex (.+)\\[(.+)\\], argument
+  §2.2  actions `search[...]` / `click[...]` parsed with the regex (.+)\\[(.+)\\], argument
         lower-cased; `click[x]` legal only if x is a current clickable; `click[search]` rejected;
         an illegal action is a no-op (reward 0, not done, page unchanged, no error text);
-  §1.4  text observation: the page's visible text segments joined with " [SEP] ";
+  §2.3  text observation: the page's visible text segments joined with " [SEP] ";
         `available_actions()` = {"has_search_bar", "clickables"}.
 
 Choices: `search[...]` is executed from every page (as the original text env does) unless

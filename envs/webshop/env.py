@@ -1,6 +1,6 @@
 """WebShopEnv: the project's `Env` interface over the in-process WebShop engine (no HTTP).
 
-Maps to webshop.md §3 (verl-agent / EMPO² setup) and empo2.md §4.2 (the paper's WebShop prompt):
+Maps to docs/webshop.md §7 (verl-agent / EMPO² setup; the EMPO² paper's WebShop prompt, App. B):
   * tasks: Task("webshop", i) = synthetic goal i ("webshop-human" with goal_source="human");
     test = goals [0, test_goals), train = the rest (verl-agent: 0-499 / 500+).
   * the model answers "<think>...</think><action>...</action>"; the action is the text inside the

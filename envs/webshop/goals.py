@@ -1,6 +1,6 @@
 """Goals (instructions): WebShop's synthetic recipe and the human-goal mode.
 
-Maps to webshop.md §1.7:
+Maps to docs/webshop.md §4:
   * synthetic goals: for each product (catalogue order) with an `instruction` in items_ins_v2,
     every combination of its option values (option names sorted) is one goal:
     instruction + " with name1: v1, and name2: v2" + price clause; attributes =

@@ -1,4 +1,4 @@
-"""The WebShop reward, computed once at "buy now" (webshop.md §1.8).
+"""The WebShop reward, computed once at "buy now" (docs/webshop.md §5).
 
     r = r_type * (n_att + n_opt + r_price) / (|G_att| + |G_opt| + 1)        in [0, 1]
 

@@ -1,6 +1,6 @@
 """BM25 product search, a short numpy re-implementation of the Lucene/Anserini setup.
 
-Maps to webshop.md §1.5 and §4:
+Maps to docs/webshop.md §3:
   * one document per product: lower(Title + " " + Description + " " + BulletPoints[0] + " " +
     option_text), option_text like "color: black, navy blue, and size: medium, large";
   * analysis as Lucene's English analyzer: word tokens, possessive "'s" removed, Lucene's 33

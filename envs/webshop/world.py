@@ -1,7 +1,7 @@
 """The shared, read-only WebShop world: products, goals, search index (built once per process).
 
-Maps to webshop.md §6 ("share one read-only catalogue/search index per process; make env
-instances cheap") and §5/§7.5 (data sources). `load_world(cfg)` is cached by the config fields
+Maps to docs/webshop.md §6.5 (one read-only catalogue and search index per process, so env
+instances are cheap) and §6.1-6.3 (data sources). `load_world(cfg)` is cached by the config fields
 that define the world, so the trainer's many env instances (threads included) share one object.
 
 Data sources, by `cfg.data_dir`:

@@ -1,21 +1,27 @@
 """Training smoke on WebShop: train.py with the WebShop EMPO² config runs one iteration on CPU with the tiny model."""
 import json
+from pathlib import Path
+
+import pytest
 
 from config import load_config
+
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "webshop_empo2.yaml"
 
 TINY_MODEL = ["--model.name_or_path=smollm2-135m-instruct", "--model.dtype=float32", "--model.lora_rank=4",
               "--model.lora_alpha=8", "--model.lora_targets=[q_proj, v_proj]", "--model.gradient_checkpointing=false"]
 
 
+@pytest.mark.slow
 def test_one_webshop_iteration(tmp_path):
     from train import train
 
-    cfg = load_config("configs/webshop_empo2.yaml", TINY_MODEL + [
+    cfg = load_config(str(CONFIG), TINY_MODEL + [
         f"--output_dir={tmp_path}", "--train.iterations=1", "--train.eval_every=0", "--train.torch_threads=1",
         "--train.minibatches=1", "--train.micro_batch_size=1", "--train.tensorboard=false",
         "--rollout.tasks_per_iteration=1", "--rollout.group_size=2", "--rollout.max_action_tokens=24",
         "--rollout.tip_max_tokens=16", "--env.webshop.max_steps=2",
-        "--memory.p_no_memory=0", "--memory.p_memory_on_policy=0", "--memory.p_memory_off_policy=1",
+        "--memory.p_no_memory=0", "--memory.p_on_policy_tips=0", "--memory.p_off_policy=1",
     ])
     train(cfg)
     row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])

@@ -18,6 +18,7 @@ def test_parse_instruction():
     assert parse_instruction("Find me lamps") == ("lamps", {}, float("inf"))
 
 
+@pytest.mark.slow
 def test_scripted_agent_beats_random_agent(env):
     tasks = env.tasks("test")
     scripted = evaluate(env, tasks, "scripted")

@@ -1,4 +1,4 @@
-"""WebShop reward: every branch of webshop.md §1.8, with hand-computed expected values."""
+"""WebShop reward: every branch of docs/webshop.md §5, with hand-computed expected values."""
 import pytest
 
 from envs.webshop.reward import (
@@ -36,7 +36,7 @@ def goal(**overrides):
 
 
 def test_fuzzy_numbers_match_thefuzz():
-    # the documented values (webshop.md §1.8) of thefuzz's token_set_ratio
+    # the documented values (docs/webshop.md §5) of thefuzz's token_set_ratio
     assert token_set_ratio("large", "x-large") == 100
     assert token_set_ratio("machine wash", "machine washable") == pytest.approx(85.714, abs=1e-3)
     assert token_set_ratio("long sleeve", "short sleeve") == pytest.approx(70.588, abs=1e-3)

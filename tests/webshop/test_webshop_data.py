@@ -5,6 +5,7 @@ import json
 import math
 import os
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,8 @@ from envs.webshop.config import WebShopConfig
 from envs.webshop.world import build_world, load_world
 
 # Real WebShop data (never committed): $EMPO2_WEBSHOP_DATA, else ../shared/webshop next to the checkout.
-REAL_DIR = Path(os.environ.get("EMPO2_WEBSHOP_DATA") or Path(__file__).resolve().parents[1].parent / "shared" / "webshop")
+ROOT = Path(__file__).resolve().parents[2]  # the repository root (this file is tests/webshop/...)
+REAL_DIR = Path(os.environ.get("EMPO2_WEBSHOP_DATA") or ROOT.parent / "shared" / "webshop")
 REAL_ATTRIBUTES = REAL_DIR / "items_ins_v2_1000.json"
 
 
@@ -26,7 +28,7 @@ def raw_product(asin, **overrides):
     return base
 
 
-# ----------------------------------------------------------------------------- loading (§1.6)
+# ----------------------------------------------------------------------------- loading (docs/webshop.md §6.1)
 
 
 def test_parse_and_format_price():
@@ -62,7 +64,7 @@ def test_process_products_rules():
     assert len(catalogue.process_products(raw, attributes, limit=2)) == 2
 
 
-# ----------------------------------------------------------------------------- goals (§1.7)
+# ----------------------------------------------------------------------------- goals (docs/webshop.md §4)
 
 
 def test_price_clause_branches():
@@ -135,7 +137,7 @@ def test_splits():
         goals.split_indices(10, "dev")
 
 
-# ----------------------------------------------------------------------------- generator (§5)
+# ----------------------------------------------------------------------------- generator (docs/webshop.md §6.2-6.4)
 
 
 def test_generator_is_deterministic_and_in_official_schema():
@@ -157,6 +159,23 @@ def test_generator_is_deterministic_and_in_official_schema():
         assert entry["instruction"].startswith("Find me ") and set(entry["instruction_attributes"]) <= set(
             entry["attributes"])
     assert len({p["category"] for p in raw_a}) == 6 and len({p["query"] for p in raw_a}) > 30
+
+
+def test_product_type_file_is_validated(tmp_path):
+    types = generator.parse_product_types()
+    assert len(types) == 38 and types[0]["breadcrumb"].startswith("Clothing, Shoes & Jewelry › Men")
+    text = generator.PRODUCT_TYPES_FILE.read_text()
+    broken = {
+        "price: [15, 60]": ("price: [60, 15]", "product type #1 (\"men's dress shirts\"), field 'price'"),
+        "palette: shoe_size,": ("palette: shoe_sizes,", "field 'options'[1]: palette 'shoe_sizes'"),
+        'shoe_size: ["6", "6.5"': ('shoe_size: ["6", 6.5', "palette 'shoe_size'[1]: expected a non-empty string"),
+        "for: [daily wear, business, wedding]": ("for: [slim fit]", "field 'for': attribute 'slim fit' is also in"),
+    }
+    for index, (old, (new, message)) in enumerate(broken.items()):
+        path = tmp_path / f"types_{index}.yaml"
+        path.write_text(text.replace(old, new, 1))
+        with pytest.raises(generator.ProductTypeError, match=re.escape(message)):
+            generator.parse_product_types(path)
 
 
 def test_default_world_goals_are_deterministic():
