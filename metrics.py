@@ -29,11 +29,13 @@ class EpisodeStats:
     truncated: str
     tips_retrieved: list[int]
     intrinsic: list[float]
+    intrinsic_return: float = 0.0  # the novelty part of the return the advantage used
 
     @classmethod
-    def of(cls, ep) -> "EpisodeStats":
+    def of(cls, ep, intrinsic_return: float = 0.0) -> "EpisodeStats":
+        """ep: a rollout.Episode; intrinsic_return: rollout.intrinsic_return(ep, cfg.intrinsic)."""
         return cls(ep.extrinsic_return, ep.success, ep.num_actions, ep.truncated, list(ep.tips_retrieved),
-                   list(ep.intrinsic))
+                   list(ep.intrinsic), intrinsic_return)
 
 
 def episode_metrics(episodes: list[EpisodeStats], memory=None) -> dict:
@@ -52,7 +54,8 @@ def episode_metrics(episodes: list[EpisodeStats], memory=None) -> dict:
     steps = [k for ep in episodes for k in ep.tips_retrieved]
     out["tips_retrieved"] = float(np.mean(steps)) if steps else 0.0
     bonus = [b for ep in episodes for b in ep.intrinsic]
-    out["intrinsic_mean"] = float(np.mean(bonus)) if bonus else 0.0
+    out["intrinsic_mean"] = float(np.mean(bonus)) if bonus else 0.0  # per step
+    out["intrinsic_return_mean"] = float(np.mean([ep.intrinsic_return for ep in episodes])) if episodes else 0.0
     if memory is not None:
         out["memory_size"] = float(memory.size())
     return out

