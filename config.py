@@ -64,7 +64,7 @@ class ModelConfig:
 
 @dataclass
 class EnvConfig:
-    name: str = "scienceworld"  # scienceworld | webshop
+    name: str = "scienceworld"  # scienceworld | webshop | sanity
     scienceworld: ScienceWorldConfig = field(default_factory=ScienceWorldConfig)
     webshop: WebShopConfig = field(default_factory=WebShopConfig)
     sanity: SanityConfig = field(default_factory=SanityConfig)

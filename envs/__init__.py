@@ -15,7 +15,11 @@ def make_env(env_cfg) -> Env:
         from envs.webshop import WebShopEnv
 
         return WebShopEnv(env_cfg.webshop)
-    raise ValueError(f"unknown environment {env_cfg.name!r} (expected scienceworld or webshop)")
+    if env_cfg.name == "sanity":
+        from envs.sanity import SanityEnv
+
+        return SanityEnv(env_cfg.sanity)
+    raise ValueError(f"unknown environment {env_cfg.name!r} (expected scienceworld, webshop or sanity)")
 
 
 def make_env_pool(env_cfg, size: int) -> list[Env]:

@@ -1,0 +1,232 @@
+"""The sanity environment (envs/sanity.py): rules, rewards, splits, difficulty levels, prompts. Fast, no model."""
+import pytest
+
+from envs.base import STEP_INFO_KEYS, Task
+from envs.sanity import FAMILIES, GARDEN, LAB, OVER, PICK_WORD, SanityConfig, SanityEnv, stage_rewards
+
+
+def make(**overrides) -> SanityEnv:
+    return SanityEnv(SanityConfig(**{"families": list(FAMILIES), **overrides}))
+
+
+def play(env: SanityEnv, task: Task, actions: list[str]):
+    env.reset(task)
+    rewards, infos, obs, done = [], [], "", False
+    for action in actions:
+        obs, reward, done, info = env.step(action)
+        rewards.append(reward)
+        infos.append(info)
+        if done:
+            break
+    return obs, rewards, done, infos
+
+
+def first(env: SanityEnv, family: str, split: str = "train") -> Task:
+    return next(t for t in env.tasks(split) if t.name == family)
+
+
+def commands_of(env: SanityEnv, task: Task) -> list[str]:
+    env.reset(task)
+    return env.commands()
+
+
+@pytest.mark.parametrize("difficulty", [0, 1, 2])
+@pytest.mark.parametrize("num_stages", [3, 4])
+def test_gold_path_of_every_family_scores_100(difficulty, num_stages):
+    env = make(difficulty=difficulty, num_stages=num_stages, train_variations=4, test_variations=2)
+    for task in env.tasks("train") + env.tasks("test"):
+        gold = env.gold_actions(task)
+        assert len(gold) == (1 if task.name == "pick" else num_stages)
+        obs, rewards, done, infos = play(env, task, gold)
+        assert done and len(rewards) == len(gold), (task, obs)
+        assert sum(rewards) == infos[-1]["score"] == 100 and infos[-1]["success"] and not infos[-1]["truncated"]
+        assert all(set(STEP_INFO_KEYS) <= set(info) for info in infos)
+        assert [info["action"] for info in infos] == gold and obs.endswith(OVER)
+        assert all(info["score"] < 100 and not info["success"] for info in infos[:-1])
+
+
+def test_stage_rewards_sum_to_100():
+    assert stage_rewards(3) == [33, 33, 34] and stage_rewards(1) == [100]
+    assert all(sum(stage_rewards(n)) == 100 for n in range(1, 5))
+
+
+@pytest.mark.parametrize("family, fatal", [("lab", LAB.fatal), ("garden", GARDEN.fatal)])
+def test_fatal_command_ends_at_minus_100(family, fatal):
+    env = make()
+    task = first(env, family)
+    _, rewards, done, infos = play(env, task, env.gold_actions(task)[:1] + [fatal, "look around"])
+    assert done and len(rewards) == 2 and rewards == [33.0, -133.0]
+    assert infos[-1]["score"] == -100 and sum(rewards) == -100 and not infos[-1]["success"]
+    assert env.step("look around") == (OVER, 0.0, True, dict(infos[-1], action=""))  # nothing changes afterwards
+
+
+def test_focusing_on_a_wrong_object_is_fatal_unless_fatal_is_off():
+    env = make()
+    task = first(env, "lab")
+    wrong = next(c for c in commands_of(env, task) if c.startswith("focus on") and c != env.gold_actions(task)[-1])
+    _, rewards, done, infos = play(env, task, [wrong])
+    assert done and rewards == [-100.0] and infos[-1]["score"] == -100
+    safe = make(fatal=False)
+    safe.reset(task)
+    assert LAB.fatal not in safe.commands()
+    _, rewards, done, _ = play(safe, task, [wrong])
+    assert not done and rewards == [0.0]
+
+
+def test_truncation_at_max_steps():
+    env = make(max_steps=4)
+    obs, rewards, done, infos = play(env, first(env, "lab"), ["look around"] * 10)
+    assert done and len(rewards) == 4 and infos[-1]["truncated"] and not infos[-1]["success"]
+    assert [i["truncated"] for i in infos] == [False, False, False, True] and obs.endswith(OVER)
+
+
+def test_action_correction_maps_near_misses_and_survives_garbage():
+    env = make()
+    task = first(env, "lab")
+    gold = env.gold_actions(task)
+    env.reset(task)
+    near = gold[0].replace("the ", "").upper() + ".\nAnd then I would press the button."
+    obs, reward, _, info = env.step(near)
+    assert info["action"] == gold[0] and info["corrected"] and reward == 33
+    for garbage in ["", None, "   \n\n", "☃ \u200b ünïcödé", "x" * 100_000, 12345, "Action: 'press the'"]:
+        env.reset(task)
+        obs, reward, done, info = env.step(garbage)
+        assert info["action"] in env.commands() and isinstance(obs, str) and -100 <= info["score"] <= 100
+    env.reset(task)
+    assert env.step("")[3]["action"] == env.commands()[0]  # all similarities 0: the first listed command
+
+
+def test_without_correction_an_unknown_command_is_a_no_op():
+    env = make(action_correction=False)
+    env.reset(first(env, "lab"))
+    obs, reward, done, info = env.step("dance wildly")
+    assert (reward, done, info["action"], info["corrected"]) == (0.0, False, "dance wildly", False)
+    assert obs.startswith("Unknown command") and "Available commands:" in obs
+
+
+def test_splits_are_disjoint_and_deterministic():
+    a, b = make(), make()
+    assert a.tasks("train") == b.tasks("train") and a.tasks("test") == b.tasks("test")
+    for family in FAMILIES:
+        train = [t for t in a.tasks("train") if t.name == family]
+        test = [t for t in a.tasks("test") if t.name == family]
+        assert len(train) == 32 and len(test) == 8 and not set(train) & set(test)
+        contents = {t: (tuple(a.gold_actions(t)), frozenset(commands_of(a, t))) for t in train + test}
+        assert len(set(contents.values())) == len(contents)  # no two variations are the same task
+        assert all(a.reset(t) == b.reset(t) for t in train + test)
+    assert make(seed=1).reset(Task("lab", 0)) != a.reset(Task("lab", 0))
+    assert make(train_variations=5).tasks("test") == a.tasks("test")  # the test split ignores the train size
+    with pytest.raises(ValueError):
+        a.tasks("dev")
+
+
+def test_variations_need_different_commands():
+    env = make(difficulty=1)
+    golds = {tuple(env.gold_actions(t)) for t in env.tasks("train") if t.name == "lab"}
+    assert len(golds) >= 6  # one solution per target colour
+    for family in ("lab", "garden"):
+        tasks = [t for t in env.tasks("train") if t.name == family]
+        assert len({env.gold_actions(t)[0] for t in tasks}) >= 6
+
+
+def test_difficulty_levels():
+    stages = {d: make(difficulty=d, num_stages=4) for d in (0, 1, 2)}
+    for d, env in stages.items():
+        task = first(env, "lab")
+        text, gold = env.reset(task), env.gold_actions(task)
+        assert ("Use these commands, in this order: " + ", ".join(gold) in text) == (d == 0)
+        assert all(g in text for g in gold)  # always listed among the available commands
+    # 0 and 1: every variation follows the family's fixed order (open, connect, press, focus)
+    for d in (0, 1):
+        verbs = {tuple(g.split()[0] for g in stages[d].gold_actions(t)) for t in stages[d].tasks("train")
+                 if t.name == "lab"}
+        assert verbs == {("open", "connect", "press", "focus")}
+    # 2: the order before the focus differs between variations; a wrong order names the missing stage
+    env = stages[2]
+    tasks = [t for t in env.tasks("train") if t.name == "lab"]
+    assert len({tuple(g.split()[0] for g in env.gold_actions(t)) for t in tasks}) >= 3
+    task = tasks[0]
+    gold = env.gold_actions(task)
+    env.reset(task)
+    obs, reward, done, _ = env.step(gold[1])
+    needed = next(s for s in LAB.prep if s.command.format(k=gold[0].split()[2]) == gold[0])
+    assert reward == 0 and not done and obs.startswith("That does not work yet: " + needed.todo.format(
+        k=gold[0].split()[2]))
+    look = env.step("look around")[0]
+    assert "Now the" in look and look.index("panel is") < look.index("wire is")  # fixed order: no hint
+
+
+def test_difficulty_2_needs_two_stages_to_order():
+    with pytest.raises(ValueError, match="env.sanity.num_stages"):
+        make(difficulty=2, num_stages=2)
+    make(difficulty=2, num_stages=2, families=["pick"])  # pick has no stages
+
+
+def test_window_prompt_shows_the_last_k_steps():
+    env = make()
+    task = first(env, "lab")
+    first_message = env.reset(task)
+    assert env.window_prompt(2) == first_message
+    for action in ["look around", "dance", "sing"]:
+        env.step(action)
+    prompt = env.window_prompt(1)
+    assert prompt.startswith(first_message) and "Your most recent 1 of 3 actions" in prompt
+    assert "Action: sing" in prompt and "Action: dance" not in prompt
+    assert prompt.endswith(env.history[-1][1].strip())
+    assert "Action: dance" in env.window_prompt(2) and "Action: look around" not in env.window_prompt(2)
+    assert "Action:" not in env.window_prompt(0)[len(first_message):]
+
+
+def test_pick_pays_exactly_one_command():
+    env = make(pick_choices=5)
+    for task in [t for t in env.tasks("train") + env.tasks("test") if t.name == "pick"][:10]:
+        env.reset(task)
+        commands = env.commands()
+        assert len(commands) == 5 and PICK_WORD in commands
+        paid = []
+        for command in commands:
+            _, rewards, done, infos = play(env, task, [command])
+            assert done and len(rewards) == 1 and not infos[0]["truncated"]
+            paid += [command] if rewards[0] == 100 and infos[0]["success"] else []
+            assert rewards[0] in (0, 100)
+        assert paid == [PICK_WORD]
+    orders = {tuple(commands_of(env, t)) for t in env.tasks("train") if t.name == "pick"}
+    assert len({o.index(PICK_WORD) for o in orders}) > 1  # the paying word moves around the list
+
+
+def test_first_messages_stay_short():
+    env = make(num_stages=4, num_distractors=2, difficulty=0)
+    for task in env.tasks("train") + env.tasks("test"):
+        text = env.reset(task)
+        assert len(text) <= (300 if task.name == "pick" else 1000), (task, len(text))
+        assert text.endswith("Respond with exactly one command from the list, no other words.")
+        assert "Available commands: " in text
+
+
+def test_every_observation_ends_with_the_command_list():
+    env = make()
+    task = first(env, "garden")
+    env.reset(task)
+    listed = "Available commands: " + ", ".join(env.commands()) + "."
+    harmless = next(c for c in env.commands() if c.split()[0] in ("plant", "water") and c not in env.gold_actions(task))
+    for action in ["look around", harmless, harmless] + env.gold_actions(task)[:-1]:
+        obs, _, done, _ = env.step(action)
+        assert not done and obs.endswith(listed)
+
+
+@pytest.mark.parametrize("field, value", [("families", ["kitchen"]), ("families", []), ("difficulty", 3),
+                                          ("num_stages", 5), ("max_steps", 9), ("pick_choices", 1),
+                                          ("num_distractors", 8), ("train_variations", 10**5)])
+def test_bad_settings_name_their_key(field, value):
+    with pytest.raises(ValueError, match=f"env.sanity.{field}"):
+        SanityEnv(SanityConfig(**{field: value}))
+
+
+def test_reset_checks_the_variation():
+    env = make()
+    with pytest.raises(ValueError):
+        env.reset(Task("lab", 10**6))
+    with pytest.raises(ValueError):
+        env.reset(Task("kitchen", 0))
+    with pytest.raises(RuntimeError):
+        SanityEnv().step("look around")
