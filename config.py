@@ -142,6 +142,7 @@ class TrainConfig:
     micro_batch_size: int = 1  # sequences per forward/backward
     eval_every: int = 20  # 0 = never
     eval_tasks: int = 0  # 0 = all test tasks; n = the first n
+    eval_episodes_per_task: int = 1  # validation episodes per test task (more = a less noisy curve)
     eval_temperature: float = 0.4  # sampling temperature of validation / evaluation (reference: 0.4)
     save_every: int = 10  # 0 = only at the end
     keep_checkpoints: int = 2  # newest checkpoints kept on disk

@@ -1,7 +1,7 @@
 """Evaluation without memory (paper §6: "the trained model without memory at test time").
 
     python eval.py --config configs/scienceworld_empo2.yaml [--checkpoint=runs/x/checkpoints/iter_000200]
-                   [--episodes_per_task=1] [--output=DIR] [--section.key=value ...]
+                   [--episodes_per_task=N] [--memory_rounds=K] [--output=DIR] [--section.key=value ...]
 
 Plays every test task (ScienceWorld: the first <= 20 test-split variations of each configured task) with the
 base model or a checkpoint, no tips, sampling temperature `train.eval_temperature` (0.4 as in the reference),
@@ -9,8 +9,10 @@ and writes `eval.json` (per-task mean return, success rate, episodes) and `eval.
 `evaluate()` is also the trainer's periodic validation. Under several processes the test tasks are sharded
 over ranks and the results gathered.
 
-Extending (the ID/OOD protocol of paper §6.1 is not built yet): `evaluate` takes any task list, so an OOD run
-is `--env.scienceworld.tasks=[other-task]` with a checkpoint trained on another task.
+`adapt_with_memory` (`--memory_rounds=K`) is the paper's OOD adaptation: the frozen model plays the tasks without
+memory, then K more rounds with the tips it wrote in earlier rounds. An OOD run is a checkpoint trained on one task
+evaluated on another (`--env.scienceworld.tasks=[other-task]`). The full ID/OOD protocol of paper §6.1 (seeded
+cases, several episodes per case) is not built yet.
 """
 from __future__ import annotations
 
@@ -21,12 +23,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from config import Config, ConfigError, config_help, load_config, split_cli
 from envs import make_env_pool
 from models import load_policy, load_trainable
-from rollout import ChatStream, run_episodes
-from runtime import gather_objects, make_accelerator
+from memory import TipMemory, make_scorer
+from rollout import ChatStream, run_episodes, write_tips
+from runtime import derive_seed, gather_objects, make_accelerator
 
 
 def evaluate(model, chat: ChatStream, envs: list, tasks: list, cfg: Config, *, accelerator=None,
@@ -65,6 +69,29 @@ def evaluate(model, chat: ChatStream, envs: list, tasks: list, cfg: Config, *, a
     }
 
 
+def adapt_with_memory(model, chat: ChatStream, envs: list, tasks: list, cfg: Config, rounds: int,
+                      pool: ThreadPoolExecutor | None = None) -> list[float]:
+    """Adaptation with memory updates and no parameter updates (paper §6.1, OOD): round 0 plays `tasks` without
+    memory; after every round the frozen policy writes tips, and round r >= 1 plays with the tips retrieved from
+    all earlier rounds. Returns the mean extrinsic return of each round (rounds + 1 values)."""
+    memory = TipMemory(cfg.memory.capacity, cfg.memory.top_k, make_scorer(cfg.memory.similarity,
+                       cfg.memory.embedding_model), cfg.memory.similarity_threshold)
+    model.eval()
+    means = []
+    for round_index in range(rounds + 1):
+        returns = []
+        for start in range(0, len(tasks), len(envs)):
+            chunk = tasks[start : start + len(envs)]
+            episodes = run_episodes(model, chat, envs, chunk, list(range(len(chunk))), memory=memory,
+                                    mode="on_policy_tips" if round_index else "no_memory", cfg=cfg.rollout,
+                                    temperature=cfg.train.eval_temperature, pool=pool)
+            write_tips(model, chat, episodes, memory, cfg.rollout)
+            returns += [ep.extrinsic_return for ep in episodes]
+        memory.sync()  # this round's tips become visible to the next round
+        means.append(float(np.mean(returns)) if returns else 0.0)
+    return means
+
+
 def markdown_table(result: dict, title: str) -> str:
     lines = [f"# {title}", "", "| task | episodes | return (mean) | success rate | length |", "|---|---|---|---|---|"]
     for key, row in result["per_task"].items():
@@ -76,7 +103,7 @@ def markdown_table(result: dict, title: str) -> str:
 
 
 USAGE = """usage: python eval.py --config FILE [--checkpoint=DIR] [--episodes_per_task=N] [--split=test|train]
-                     [--output=DIR] [--section.key=value ...]
+                     [--memory_rounds=K] [--output=DIR] [--section.key=value ...]
 
 Every config key, with its default:
 """
@@ -89,7 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
     if "--help" in argv or "-h" in argv:
         print(USAGE + config_help())
         return {}
-    extra = {"checkpoint": "", "episodes_per_task": "1", "output": "", "split": "test"}
+    extra = {"checkpoint": "", "episodes_per_task": "", "output": "", "split": "test", "memory_rounds": "0"}
     rest = []
     for arg in argv:
         name = arg[2:].split("=", 1)[0] if arg.startswith("--") else ""
@@ -102,6 +129,7 @@ def main(argv: list[str] | None = None) -> dict:
     except ConfigError as err:
         sys.exit(f"config error: {err}")
     accelerator = make_accelerator()
+    torch.manual_seed(derive_seed(cfg.train.seed, "eval", accelerator.process_index))  # sampling: repeatable per seed
     with accelerator.main_process_first():
         model, tokenizer = load_policy(cfg.model, device=accelerator.device)
     if extra["checkpoint"]:
@@ -113,13 +141,19 @@ def main(argv: list[str] | None = None) -> dict:
     tasks = envs[0].tasks(extra["split"])
     if cfg.train.eval_tasks > 0:
         tasks = tasks[: cfg.train.eval_tasks]
-    per_task = int(extra["episodes_per_task"])
+    per_task = int(extra["episodes_per_task"] or cfg.train.eval_episodes_per_task)
     with ThreadPoolExecutor(max_workers=len(envs)) as pool:
         bar = tqdm(total=len(tasks) * per_task // accelerator.num_processes, desc="eval",
                    disable=not accelerator.is_main_process)
         result = evaluate(model, chat, envs, tasks, cfg, accelerator=accelerator, episodes_per_task=per_task,
                           pool=pool, progress=bar)
         bar.close()
+        if int(extra["memory_rounds"]) > 0:
+            if accelerator.num_processes > 1:
+                sys.exit("error: --memory_rounds runs in one process (every round's tips come from all episodes)")
+            jobs = [task for task in tasks for _ in range(per_task)]
+            result["memory_rounds"] = adapt_with_memory(model, chat, envs, jobs, cfg, int(extra["memory_rounds"]),
+                                                        pool=pool)
     for env in envs:
         env.close()
     result["model"] = cfg.model.name_or_path
@@ -132,6 +166,8 @@ def main(argv: list[str] | None = None) -> dict:
         title = f"Evaluation without memory: {cfg.model.name_or_path} {extra['checkpoint']}".strip()
         (out / "eval.md").write_text(markdown_table(result, title))
         print(markdown_table(result, title))
+        if "memory_rounds" in result:
+            print("mean return per memory round (0 = no memory):", [round(r, 1) for r in result["memory_rounds"]])
         print(f"wrote {out / 'eval.json'} and {out / 'eval.md'}")
     return result
 

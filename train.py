@@ -220,7 +220,8 @@ def train(cfg: Config) -> dict:
                   "time_rollout": t1 - t0, "time_tips": t2 - t1, "time_update": t3 - t2}
         if cfg.train.eval_every and (iteration % cfg.train.eval_every == 0 or iteration == cfg.train.iterations):
             t4 = time.perf_counter()
-            val = evaluate(model, chat, envs, test_tasks, cfg, accelerator=accelerator, pool=threads)
+            val = evaluate(model, chat, envs, test_tasks, cfg, accelerator=accelerator, pool=threads,
+                           episodes_per_task=cfg.train.eval_episodes_per_task)
             record.update(val_return_mean=val["return_mean"], val_success_rate=val["success_rate"],
                           time_eval=time.perf_counter() - t4)
         logger.log(record)

@@ -7,7 +7,9 @@ can learn in a few iterations on CPU. Three families (`env.sanity.families`):
   num_stages 4); the solution is e.g. connect the red wire -> press the red button -> focus on the red lamp.
 * ``garden``: the same structure with other nouns and verbs (fill the tomato pot, plant the tomato seed, water
   the tomato pot, focus on the tomato plant): the out-of-distribution family.
-* ``pick``: ONE step; K nonsense words are listed, the same word ("dax") pays 100 in every variation.
+* ``pick``: ONE step; K nonsense words are listed, the same word ("dax") pays 100 in every variation. The first
+  listed word the answer contains is the password tried ("The password is dax." works; an answer naming no listed
+  word opens nothing), so success measures what the model says, not where a word sits in the shuffled list.
 
 How it maps to ScienceWorld: the first message is an observation ("look around") + the task + the instruction;
 every later observation ends with the available commands; rewards are score changes (stages pay 100/num_stages
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -269,12 +272,15 @@ class SanityEnv(Env):
             return OVER, 0.0, True, dict(self._last_info, action="")
         commands = self._lay["commands"]
         executed, corrected = cleaned, False
-        if cleaned not in commands and self.cfg.action_correction:
-            executed, corrected = commands[best_match(cleaned, commands)], True
-        if self._task.name == "pick":  # one action, whatever it is
+        if self._task.name == "pick":  # one action: the first listed word the answer says is the password tried
+            said = [w for w in re.findall(r"[a-z]+", cleaned) if w in commands]
+            executed, corrected = (said[0] if said else ""), bool(said) and said[0] != cleaned
             won = executed == PICK_WORD
             text = "The door opens: task complete." if won else "Wrong password. The door stays locked."
             reward, ended = (100 if won else 0), True
+        elif cleaned not in commands and self.cfg.action_correction:
+            executed, corrected = commands[best_match(cleaned, commands)], True
+            text, reward, ended = self._execute(executed)
         elif executed not in commands:
             text, reward, ended = "Unknown command: choose one from the list.", 0, False
         else:

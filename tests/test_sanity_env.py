@@ -194,6 +194,17 @@ def test_pick_pays_exactly_one_command():
     assert len({o.index(PICK_WORD) for o in orders}) > 1  # the paying word moves around the list
 
 
+def test_pick_tries_the_first_listed_word_the_answer_says():
+    env = make(pick_choices=4)
+    task = [t for t in env.tasks("train") if t.name == "pick"][0]
+    other = [c for c in commands_of(env, task) if c != PICK_WORD][0]
+    for answer, action, reward in [('The password is "dax".', PICK_WORD, 100.0), (f"{other}, or dax?", other, 0.0),
+                                   ("I am not sure.", "", 0.0), ("", "", 0.0)]:
+        env.reset(task)
+        _, r, done, info = env.step(answer)
+        assert (info["action"], r, done) == (action, reward, True), answer
+
+
 def test_first_messages_stay_short():
     env = make(num_stages=4, num_distractors=2, difficulty=0)
     for task in env.tasks("train") + env.tasks("test"):

@@ -1,0 +1,142 @@
+"""Does training change the policy the way the method says? Real SmolLM2-135M (LoRA), real update path, on CPU.
+
+* Learnability: on the sanity environment's one-step "pick" task (one of K listed words opens the door, the same
+  word in every variation) four iterations of the real trainer raise the success rate on held-out variations far
+  above the untrained model's. Flipping the sign of the advantage (or of the log-ratio) in losses.py makes this
+  test fail: the success rate then stays at or below the untrained model's.
+* Off-policy "reward-guided distillation" (paper §4.2): episodes played WITH tips in the prompt and updated
+  off-policy on the tip-free context raise log pi(a | no tips) of positive-advantage actions, lower it for
+  negative ones, and move the tip-free probability of the tip-induced action towards its with-tips probability.
+"""
+import random
+
+import pytest
+import torch
+
+from config import load_config
+from envs.base import Task
+from losses import sequence_action_logprobs
+from memory import TipEntry, tip_block
+from models import load_policy
+from rollout import ChatStream, Episode, build_samples
+
+pytestmark = pytest.mark.slow
+
+QUESTION = "Which colour? Options: red, blue, green. Answer with one word."
+TIP = [TipEntry(tip="The answer is blue.", action="blue", ret=100.0)]
+# With the tip SmolLM2-135M says GOOD far more often than without it (log-prob -3.6 vs -9.6): a tip-induced action.
+# Every token of both actions stays above the low-probability mask's log delta = -5 without tips, so the
+# off-policy update does learn on them (tokens below it would be masked, as Eq. 2 intends). The two actions share
+# no token: with the Table-3 ratio pi(a | no tips) / pi_old(a | tips), a shared first token ("The") whose ratio
+# starts above 1 + clip_high is clipped for the positive action but not for the negative one, and would be pushed
+# down by the negative sample alone.
+GOOD, BAD = "The answer is blue.", "Red"
+
+
+@pytest.fixture
+def fresh_policy():
+    """A policy of its own (the session-wide one is shared by tests that update it)."""
+    from config import ModelConfig
+
+    torch.manual_seed(0)
+    return load_policy(ModelConfig(lora_rank=8, lora_alpha=16, lora_targets=["q_proj", "v_proj"]))
+
+
+def one_step_episode(chat: ChatStream, action: str, mode: str, with_tips: bool) -> Episode:
+    ep = Episode(task=Task("colours", 0), group=0, mode=mode)
+    block = tip_block(TIP) if with_tips else ""
+    ep.add_prompt(chat.first_turn(QUESTION + block), chat.first_turn(QUESTION))
+    ep.add_action(chat.encode(action) + [chat.eos_id])
+    ep.actions.append(action)
+    ep.rewards.append(100.0 if action == GOOD else 0.0)
+    return ep
+
+
+def action_logprob(model, chat: ChatStream, action: str, with_tips: bool) -> float:
+    """log pi(action + eos | the question, with or without the tip block): summed over the action tokens."""
+    ep = one_step_episode(chat, action, "no_memory", with_tips)
+    model.eval()
+    with torch.no_grad():
+        (logp,), _ = sequence_action_logprobs(model, [ep.ids], [ep.mask], chat.pad_id, "cpu")
+    return logp.sum().item()
+
+
+# Measured with this model (8 AdamW steps, lr 1e-3): with the Table-3 denominator pi_old(a | tips) the tip-induced
+# token " blue" starts with importance weight pi(a | no tips) / pi_old(a | tips) = e^-3.9 = 0.02, so distillation is
+# slow (tip-free log-prob of GOOD +0.8, gap 5.2 -> 4.6); with Algorithm 1's tip-free denominator the weight starts
+# at 1 (+5.1, gap 5.2 -> 0.4). docs/decisions.md, "Off-policy old log-probabilities".
+MIN_CHANGE = {"with_tips": 0.3, "without_tips": 2.0}
+
+
+@pytest.mark.parametrize("old_logp", ["with_tips", "without_tips"])  # paper Table 3 / Algorithm 1 denominator
+def test_off_policy_update_distils_the_tip_into_the_tip_free_policy(fresh_policy, old_logp):
+    from accelerate import Accelerator
+
+    from losses import compute_old_logprobs
+    from train import update
+
+    model, tokenizer = fresh_policy
+    chat = ChatStream(tokenizer)
+    before = {(a, t): action_logprob(model, chat, a, t) for a in (GOOD, BAD) for t in (True, False)}
+    assert before[(GOOD, True)] > before[(GOOD, False)] + 3  # the tip makes GOOD more likely: tip-induced
+
+    # Played with tips, learned off-policy: GOOD paid (advantage +1), BAD did not (advantage -1).
+    episodes = [one_step_episode(chat, GOOD, "off_policy", True), one_step_episode(chat, BAD, "off_policy", True)]
+    samples = build_samples(episodes, [1.0, -1.0], off_policy_old_logp=old_logp)
+    assert samples[0].ids == episodes[0].twin_ids  # the loss scores the action without the tips
+    compute_old_logprobs(model, samples, chat.pad_id, "cpu", micro_batch_size=2)
+    cfg = load_config(None, ["--train.minibatches=1", "--train.epochs=8", "--train.max_grad_norm=10"])
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    metrics = update(model, optimizer, samples, cfg, Accelerator(cpu=True), "off_policy", chat.pad_id,
+                     random.Random(0))
+    assert metrics["optimizer_steps"] == 8 and metrics["masked_frac"] < 1.0
+    print({k: round(v, 2) for k, v in before.items()})
+
+    after = {(a, t): action_logprob(model, chat, a, t) for a in (GOOD, BAD) for t in (True, False)}
+    change = MIN_CHANGE[old_logp]
+    assert after[(GOOD, False)] > before[(GOOD, False)] + change  # positive advantage: rises without tips
+    assert after[(BAD, False)] < before[(BAD, False)] - 1.0  # negative advantage: falls without tips
+    gap_before = before[(GOOD, True)] - before[(GOOD, False)]
+    gap_after = after[(GOOD, True)] - after[(GOOD, False)]
+    print({k: round(v, 2) for k, v in after.items()})
+    assert gap_after < gap_before - change  # the tip-free policy moves towards the with-tips policy on GOOD
+
+
+PICK = ["--env.sanity.families=[pick]", "--env.sanity.pick_choices=2", "--env.sanity.train_variations=7",
+        "--env.sanity.test_variations=4", "--rollout.tasks_per_iteration=2",
+        "--rollout.group_size=8", "--rollout.max_action_tokens=6", "--rollout.max_prompt_tokens=256",
+        "--train.iterations=4", "--train.minibatches=2", "--train.micro_batch_size=8", "--train.lr=2e-3",
+        "--train.eval_every=0", "--train.save_every=0", "--train.tensorboard=false", "--train.torch_threads=2"]
+
+
+def held_out_success(model, chat: ChatStream, cfg, envs, tasks) -> float:
+    """Success rate of 12 sampled answers (temperature 1) per held-out variation."""
+    from eval import evaluate
+
+    torch.manual_seed(1)
+    return evaluate(model, chat, envs, tasks, cfg, episodes_per_task=12)["success_rate"]
+
+
+def test_training_raises_the_paying_commands_probability(tmp_path):
+    import json
+    from pathlib import Path
+
+    from envs.sanity import SanityEnv
+    from models import load_trainable
+    from train import train
+
+    config = Path(__file__).resolve().parents[1] / "configs" / "sanity_grpo.yaml"
+    cfg = load_config(str(config), PICK + [f"--output_dir={tmp_path}", "--train.eval_temperature=1.0"])
+    envs = [SanityEnv(cfg.env.sanity) for _ in range(16)]
+    held_out = envs[0].tasks("test")
+    torch.manual_seed(0)
+    model, tokenizer = load_policy(cfg.model)
+    chat = ChatStream(tokenizer)
+    before = held_out_success(model, chat, cfg, envs, held_out)
+
+    train(cfg)
+    load_trainable(model, str(tmp_path / "checkpoints" / "iter_000004" / "model"))
+    after = held_out_success(model, chat, cfg, envs, held_out)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    print(f"held-out success {before:.3f} -> {after:.3f}; training success", [r["success_rate"] for r in rows])
+    assert after >= 2 * before and after >= before + 0.15  # on variations never trained on, 48 samples each side
