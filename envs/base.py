@@ -52,6 +52,23 @@ def jaccard(a: str, b: str) -> float:
     return len(words_a & words_b) / len(words_a | words_b)
 
 
+def history_window_prompt(first_message: str, history: list[tuple[str, str]], window: int) -> str:
+    """The ScienceWorld-style window prompt: the first message, then the last `window` (action, observation) pairs of
+    `history`, the newest observation labelled as the current one. Shared by the text-world environments."""
+    if not history:
+        return first_message
+    k = max(0, int(window))
+    shown = history[-k:] if k else []
+    parts = [first_message, ""]
+    if shown:
+        parts.append(f"Your most recent {len(shown)} of {len(history)} actions and what followed:")
+        for action, obs in shown[:-1]:
+            parts.append(f"Action: {action}\nObservation: {obs.strip()}")
+        parts.append(f"Action: {shown[-1][0]}")
+    parts.append(f"Current observation: {history[-1][1].strip()}")
+    return "\n".join(parts)
+
+
 class Env(abc.ABC):
     """Base class of all environments. Subclasses implement the four abstract methods."""
 

@@ -33,7 +33,7 @@ import logging
 import re
 import threading
 
-from envs.base import Env, Task
+from envs.base import Env, Task, history_window_prompt
 
 from . import demos as demo_cache
 from .config import ScienceWorldConfig
@@ -349,18 +349,7 @@ class ScienceWorldEnv(Env):
         with self._lock:
             if self._task is None:
                 raise RuntimeError("window_prompt() called before reset()")
-            if not self._history:
-                return self._first_message
-            k = max(0, int(window))
-            shown = self._history[-k:] if k else []
-            parts = [self._first_message, ""]
-            if shown:
-                parts.append(f"Your most recent {len(shown)} of {len(self._history)} actions and what followed:")
-                for action, obs in shown[:-1]:
-                    parts.append(f"Action: {action}\nObservation: {obs.strip()}")
-                parts.append(f"Action: {shown[-1][0]}")
-            parts.append(f"Current observation: {self._history[-1][1].strip()}")
-            return "\n".join(parts)
+            return history_window_prompt(self._first_message, self._history, window)
 
     # ------------------------------------------------------------------ cleanup
 
