@@ -81,6 +81,9 @@ class RolloutConfig:
     tip_max_tokens: int = 512  # new tokens for a tip (the first line is kept)
     tip_temperature: float = 1.0  # sampling temperature of tip writing
     generation_batch_size: int = 0  # 0 = all live episodes in one generate call; >0 caps the batch
+    # Keep each episode's KV cache between turns and feed only the new tokens (generation.py); the group's shared
+    # first message is encoded once and the tip reuses the episode's cache. false = re-encode every turn.
+    kv_reuse: bool = True
     # -1 = full append-only history, one episode = one packed training sequence (ScienceWorld default).
     # k >= 0 = each step's prompt shows only the last k steps; one training sample per step (WebShop).
     history_window: int = -1

@@ -84,7 +84,7 @@ def adapt_with_memory(model, chat: ChatStream, envs: list, tasks: list, cfg: Con
             chunk = tasks[start : start + len(envs)]
             episodes = run_episodes(model, chat, envs, chunk, list(range(len(chunk))), memory=memory,
                                     mode="on_policy_tips" if round_index else "no_memory", cfg=cfg.rollout,
-                                    temperature=cfg.train.eval_temperature, pool=pool)
+                                    temperature=cfg.train.eval_temperature, pool=pool, keep_caches=True)
             write_tips(model, chat, episodes, memory, cfg.rollout)
             returns += [ep.extrinsic_return for ep in episodes]
         memory.sync()  # this round's tips become visible to the next round

@@ -31,6 +31,7 @@ import torch
 
 from config import MODES, IntrinsicConfig, MemoryConfig, RolloutConfig
 from envs.base import Env, Task
+from generation import PrefixCache, generate, prefill, supports_kv_reuse
 from memory import TipEntry, TipMemory, tip_block
 from runtime import derive_seed
 
@@ -147,6 +148,7 @@ class Episode:
     truncated: str = ""  # "" | "steps" | "context" | "env_error"
     tip: str = ""
     last_action_ids: list[int] = field(default_factory=list)  # to close a turn cut at the token limit
+    kv_cache: PrefixCache | None = field(default=None, repr=False)  # kept for the tip (rollout.kv_reuse)
 
     def extend(self, ids: list[int], twin_ids: list[int], action: bool) -> None:
         """Append to the full-history stream and its tip-free twin (action tokens are masked in)."""
@@ -193,30 +195,9 @@ def advantage_return(ep: Episode, intrinsic: IntrinsicConfig) -> float:
     return ep.extrinsic_return + intrinsic_return(ep, intrinsic)
 
 
-@torch.no_grad()
-def generate(model, chat: ChatStream, contexts: list[list[int]], *, max_new_tokens: int, temperature: float,
-             top_p: float = 1.0, batch_size: int = 0) -> list[list[int]]:
-    """Left-padded batched sampling; returns each continuation cut after its first eos (kept)."""
-    outputs: list[list[int]] = []
-    step = batch_size if batch_size > 0 else max(1, len(contexts))
-    device = next(model.parameters()).device
-    for start in range(0, len(contexts), step):
-        chunk = contexts[start : start + step]
-        width = max(len(c) for c in chunk)
-        input_ids = torch.full((len(chunk), width), chat.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(chunk), width), dtype=torch.long)
-        for row, ctx in enumerate(chunk):
-            input_ids[row, width - len(ctx) :] = torch.tensor(ctx)
-            attention[row, width - len(ctx) :] = 1
-        sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0) if temperature > 0 else dict(
-            do_sample=False, temperature=None, top_p=None, top_k=None)
-        generated = model.generate(
-            input_ids=input_ids.to(device), attention_mask=attention.to(device), max_new_tokens=max_new_tokens,
-            pad_token_id=chat.pad_id, eos_token_id=chat.eos_id, **sampling,
-        )[:, width:].tolist()
-        for row in generated:
-            outputs.append(row[: row.index(chat.eos_id) + 1] if chat.eos_id in row else row)
-    return outputs
+def generate_actions(model, chat: ChatStream, contexts: list[list[int]], caches=None, **kwargs) -> list[list[int]]:
+    """generation.generate with the chat's pad and eos ids (caches: per-row PrefixCache list, or None)."""
+    return generate(model, chat.pad_id, chat.eos_id, contexts, caches=caches, **kwargs)
 
 
 def full_history_turn(chat: ChatStream, ep: Episode, observation: str, block: str):
@@ -263,11 +244,13 @@ def pay_novelty(episodes: list[Episode], first_observations: list[str], reached:
 def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], groups: list[int], *, mode: str,
                  memory: TipMemory | None, cfg: RolloutConfig, intrinsic: IntrinsicConfig | None = None,
                  temperature: float | None = None, pool: ThreadPoolExecutor | None = None,
-                 progress=None) -> list[Episode]:
+                 progress=None, keep_caches: bool = False) -> list[Episode]:
     """Play len(tasks) episodes in lockstep, one env each (envs[i] plays tasks[i]).
 
     groups[i]: the GRPO group of episode i; memory: tips to retrieve in memory modes, and the novelty counts;
-    temperature: defaults to cfg.temperature (evaluation passes its own)."""
+    temperature: defaults to cfg.temperature (evaluation passes its own); keep_caches: leave each episode's KV
+    cache on `Episode.kv_cache` for `write_tips` (with rollout.kv_reuse; otherwise a cache is freed when its
+    episode ends)."""
     assert len(envs) >= len(tasks), "need one environment per episode"
     use_tips = mode != "no_memory" and memory is not None
     novelty = counts_novelty(mode, memory, intrinsic)
@@ -279,6 +262,8 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
     observations = list(pool.map(lambda pair: pair[0].reset(pair[1]), zip(envs, tasks)))
     first_observations = list(observations)
     reached: list[list[str | None]] = [[] for _ in episodes]  # the state after each step (None: env crashed)
+    reuse = cfg.kv_reuse and supports_kv_reuse(model)
+    caches: list[PrefixCache | None] = [None] * len(episodes)  # each episode's KV cache (generation.py)
 
     step = 0
     while True:
@@ -303,8 +288,16 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
         if not live:
             break
 
-        actions = generate(model, chat, contexts, max_new_tokens=cfg.max_action_tokens, temperature=temperature,
-                           top_p=cfg.top_p, batch_size=cfg.generation_batch_size)
+        live_caches = None
+        if reuse:
+            if step == 0:  # the N episodes of a group share their first message: encode it once per group
+                for i, cache in zip(live, prefill(model, contexts, chat.pad_id, cfg.generation_batch_size)):
+                    caches[i] = cache
+            live_caches = [caches[i] for i in live]
+        actions = generate_actions(model, chat, contexts, live_caches, max_new_tokens=cfg.max_action_tokens,
+                                   temperature=temperature, top_p=cfg.top_p, batch_size=cfg.generation_batch_size)
+        for i, cache in zip(live, live_caches or []):
+            caches[i] = cache
         texts = []
         for i, action_ids in zip(live, actions):
             episodes[i].add_action(action_ids)
@@ -322,11 +315,16 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
             if done:
                 ep.done, ep.final_observation = True, obs
                 ep.truncated = "env_error" if info.get("env_error") else "steps" if info.get("truncated") else ""
+                if not keep_caches:
+                    caches[i] = None
         step += 1
         if progress is not None:
             progress.set_postfix(step=step, live=len(live))
     if own_pool:
         pool.shutdown()
+    if keep_caches:
+        for ep, cache in zip(episodes, caches):
+            ep.kv_cache = cache
     if novelty:
         pay_novelty(episodes, first_observations, reached, memory)
     else:
@@ -354,12 +352,18 @@ def tip_context(chat: ChatStream, ep: Episode) -> list[int]:
 
 def write_tips(model, chat: ChatStream, episodes: list[Episode], memory: TipMemory, cfg: RolloutConfig
                ) -> dict[str, float]:
-    """The policy reflects on each episode (one batched generate); one staged memory entry per step."""
+    """The policy reflects on each episode (one batched generate); one staged memory entry per step.
+
+    An episode's KV cache (run_episodes(keep_caches=True)) is reused: only the tip turn is encoded, then freed."""
     todo = [ep for ep in episodes if ep.num_actions > 0]
+    caches = [ep.kv_cache for ep in todo] if cfg.kv_reuse and supports_kv_reuse(model) else None
+    for ep in episodes:
+        ep.kv_cache = None
     if not todo:
         return {"tips_written": 0.0, "tips_empty": 0.0}
-    outputs = generate(model, chat, [tip_context(chat, ep) for ep in todo], max_new_tokens=cfg.tip_max_tokens,
-                       temperature=cfg.tip_temperature, batch_size=cfg.generation_batch_size)
+    outputs = generate_actions(model, chat, [tip_context(chat, ep) for ep in todo], caches,
+                               max_new_tokens=cfg.tip_max_tokens, temperature=cfg.tip_temperature,
+                               batch_size=cfg.generation_batch_size)
     empty = 0
     for ep, ids in zip(todo, outputs):
         ep.tip = clean_tip(chat.decode(ids))

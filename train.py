@@ -193,7 +193,7 @@ def train(cfg: Config) -> dict:
         t0 = time.perf_counter()
         model.eval()
         episodes = run_episodes(model, chat, envs, tasks, groups, mode=mode, memory=memory, cfg=cfg.rollout,
-                                intrinsic=cfg.intrinsic, pool=threads, progress=bar)
+                                intrinsic=cfg.intrinsic, pool=threads, progress=bar, keep_caches=cfg.memory.enabled)
         t1 = time.perf_counter()
 
         # 3. Tips: the policy reflects on every episode; all ranks apply every rank's tips in rank order.

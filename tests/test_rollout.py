@@ -6,7 +6,7 @@ from config import IntrinsicConfig, MemoryConfig, RolloutConfig
 from envs.base import Task
 from losses import clipped_policy_loss, sequence_action_logprobs
 from memory import TipEntry, TipMemory, tip_block
-from rollout import (ChatStream, Episode, Sample, advantage_return, build_samples, draw_mode, generate,
+from rollout import (ChatStream, Episode, Sample, advantage_return, build_samples, draw_mode, generate_actions,
                      intrinsic_return, pay_novelty, run_episodes, write_tips)
 
 
@@ -211,6 +211,6 @@ def test_batched_generate_matches_per_episode_greedy(policy):
     model, tokenizer = policy
     chat = ChatStream(tokenizer)
     prompts = [chat.first_turn(text) for text in ["Say hi.", "Name a colour, one word.", "What is 2+2?"]]
-    batched = generate(model, chat, prompts, max_new_tokens=6, temperature=0.0)
-    single = [generate(model, chat, [p], max_new_tokens=6, temperature=0.0)[0] for p in prompts]
+    batched = generate_actions(model, chat, prompts, max_new_tokens=6, temperature=0.0)
+    single = [generate_actions(model, chat, [p], max_new_tokens=6, temperature=0.0)[0] for p in prompts]
     assert batched == single

@@ -1,0 +1,190 @@
+"""Batched sampling with HF `generate`, and per-episode KV-cache reuse across turns (docs/performance.md).
+
+An agent's conversation is an append-only token stream: turn t+1's context is turn t's context + the action the
+model generated + the next user turn. Re-encoding the whole history at every turn prefills O(T^2) tokens over a
+T-turn episode; keeping each episode's keys/values between turns prefills O(T). This is what vLLM's prefix
+caching gives peers, done here on plain `generate`:
+
+* every episode owns a `PrefixCache`: the keys/values of a prefix of its own token stream, trimmed of padding;
+* `generate(..., caches=...)` reuses, for each row, the longest common prefix of its cache and its new context,
+  left-pads the reused parts into one batched `DynamicCache`, feeds only the new tokens (left-padded too; the
+  attention mask marks every pad, and `generate` derives position ids from the mask's cumulative sum, so each
+  real token gets the position it would have without reuse), and afterwards splits the grown cache back into
+  one trimmed `PrefixCache` per row;
+* `prefill` encodes identical contexts once (the N episodes of a GRPO group start from the same first message)
+  and hands every episode of the group the same cache;
+* the tip prompt is the episode stream + one user turn, so tip writing reuses the episode's cache for free, and
+  a history-window prompt (WebShop) reuses the part it shares with the previous step's prompt (instruction).
+
+Rows that finish (eos or the token limit) simply drop out of the next call: caches are per episode, not per
+batch slot. The price is a copy of the reused keys/values into the batch at every call (memory traffic, not
+compute: on this CPU it is ~1% of the prefill it replaces; docs/performance.md) and holding each live
+episode's cache between turns. With greedy decoding the reused and the re-encoded paths produce the same tokens
+(tests/test_generation.py); the logits differ only by floating-point summation order.
+
+Only full-attention decoder layers are supported (sliding-window layers keep a rolling window that a trimmed
+per-row copy cannot represent); `supports_kv_reuse` checks the model's config, and the rollout falls back to
+re-encoding with a warning.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PrefixCache:
+    """Keys/values of `tokens` (a prefix of one episode's stream): per layer [heads, len(tokens), head_dim]."""
+
+    tokens: list[int]
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+    def reusable(self, context: list[int]) -> int:
+        """How many leading tokens of `context` this cache already holds (the longest common prefix)."""
+        n = 0
+        for a, b in zip(self.tokens, context):
+            if a != b:
+                break
+            n += 1
+        return n
+
+
+def supports_kv_reuse(model) -> bool:
+    """True when every decoder layer attends to the full context (no sliding window)."""
+    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
+    return all(t == "full_attention" for t in layer_types) and not getattr(config, "use_sliding_window", False)
+
+
+def left_pad(rows: list[list[int]], pad_id: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists -> (ids [B, W], attention mask [B, W]), right-aligned."""
+    width = max(len(r) for r in rows) if width is None else width
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        if row:
+            ids[i, width - len(row) :] = torch.tensor(row)
+            mask[i, width - len(row) :] = 1
+    return ids, mask
+
+
+def sampling_kwargs(temperature: float, top_p: float) -> dict:
+    """Pure temperature/top-p sampling (no top-k), or greedy decoding at temperature 0."""
+    if temperature > 0:
+        return dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+    return dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+
+
+def cut_at_eos(row: list[int], eos_id: int) -> list[int]:
+    """A generated row up to and including its first eos (the rest is padding)."""
+    return row[: row.index(eos_id) + 1] if eos_id in row else row
+
+
+def batched_cache(caches: list[PrefixCache | None], reuse: list[int], width: int):
+    """One DynamicCache [B, heads, width, head_dim] per layer with row i's first reuse[i] cached positions
+    right-aligned (zeros to their left, masked out by the attention mask)."""
+    from transformers import DynamicCache
+
+    if width == 0:
+        return DynamicCache()
+    template = next(c for c, n in zip(caches, reuse) if n > 0)
+    layers = []
+    for layer in range(len(template.keys)):
+        heads, _, dim = template.keys[layer].shape
+        k = template.keys[layer].new_zeros((len(caches), heads, width, dim))
+        v = template.values[layer].new_zeros((len(caches), heads, width, dim))
+        for row, (cache, n) in enumerate(zip(caches, reuse)):
+            if n:
+                k[row, :, width - n :] = cache.keys[layer][:, :n]
+                v[row, :, width - n :] = cache.values[layer][:, :n]
+        layers.append((k, v))
+    return DynamicCache(ddp_cache_data=layers)
+
+
+def split_cache(cache, valid: torch.Tensor, tokens: list[list[int]]) -> list[PrefixCache]:
+    """Batched DynamicCache + valid [B, S] (1 where a real token sits, S = cached length) -> one trimmed cache
+    per row; tokens[i] are row i's real tokens in order (checked against the count)."""
+    out = []
+    for row in range(valid.shape[0]):
+        index = torch.nonzero(valid[row]).squeeze(-1).to(cache.layers[0].keys.device)
+        assert len(index) == len(tokens[row]), "cache positions and recorded tokens disagree"
+        out.append(PrefixCache(tokens=list(tokens[row]),
+                               keys=[layer.keys[row].index_select(1, index) for layer in cache.layers],
+                               values=[layer.values[row].index_select(1, index) for layer in cache.layers]))
+    return out
+
+
+@torch.no_grad()
+def prefill(model, contexts: list[list[int]], pad_id: int, batch_size: int = 0) -> list[PrefixCache | None]:
+    """Encode each DISTINCT context once (all but its last token, which `generate` must feed to sample) and
+    return one cache per context; identical contexts share one cache object (a GRPO group's first message)."""
+    from transformers import DynamicCache
+
+    distinct = [list(d) for d in dict.fromkeys(tuple(c[:-1]) for c in contexts if len(c) > 1)]
+    by_prefix: dict[tuple, PrefixCache] = {}
+    step = batch_size if batch_size > 0 else max(1, len(distinct))
+    device = next(model.parameters()).device
+    for start in range(0, len(distinct), step):
+        chunk = distinct[start : start + step]
+        ids, mask = left_pad(chunk, pad_id)
+        # Left padding: positions count real tokens only, as `generate` counts them.
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
+              cache=cache, use_cache=True, logits_to_keep=1)
+        for prefix, pc in zip(chunk, split_cache(cache, mask, chunk)):
+            by_prefix[tuple(prefix)] = pc
+    return [by_prefix.get(tuple(c[:-1])) for c in contexts]
+
+
+@torch.no_grad()
+def generate(model, pad_id: int, eos_id: int, contexts: list[list[int]], *, max_new_tokens: int,
+             temperature: float, top_p: float = 1.0, batch_size: int = 0,
+             caches: list[PrefixCache | None] | None = None) -> list[list[int]]:
+    """Sample a continuation of every context (cut after its first eos, kept), batched `batch_size` at a time.
+
+    caches=None: every context is encoded from scratch (left padding). caches=[...] (one entry per context, None
+    for nothing cached yet): each row reuses its cache's common prefix with its context, and on return
+    caches[i] holds context i + its continuation (all but a last token that was sampled and never fed).
+    """
+    outputs: list[list[int]] = []
+    step = batch_size if batch_size > 0 else max(1, len(contexts))
+    device = next(model.parameters()).device
+    sampling = sampling_kwargs(temperature, top_p)
+    for start in range(0, len(contexts), step):
+        chunk = contexts[start : start + step]
+        if caches is None:
+            ids, mask = left_pad(chunk, pad_id)
+            generated = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                       max_new_tokens=max_new_tokens, pad_token_id=pad_id, eos_token_id=eos_id,
+                                       **sampling)[:, ids.shape[1] :].tolist()
+            outputs += [cut_at_eos(row, eos_id) for row in generated]
+            continue
+        chunk_caches = caches[start : start + step]
+        # At least one token per row must be fed: `generate` samples from the logits of the last input.
+        reuse = [min(c.reusable(ctx), len(ctx) - 1) if c is not None else 0 for c, ctx in zip(chunk_caches, chunk)]
+        width = max(reuse)
+        cache = batched_cache(chunk_caches, reuse, width)
+        cached_mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for row, n in enumerate(reuse):
+            if n:
+                cached_mask[row, width - n :] = 1
+        new_ids, new_mask = left_pad([ctx[n:] for ctx, n in zip(chunk, reuse)], pad_id)
+        # Only the new tokens go in as input_ids; the mask spans cache + new tokens, so `generate` feeds them all.
+        sequences = model.generate(input_ids=new_ids.to(device),
+                                   attention_mask=torch.cat([cached_mask, new_mask], 1).to(device), cache=cache,
+                                   use_cache=True, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
+                                   eos_token_id=eos_id, **sampling)
+        generated = sequences[:, new_ids.shape[1] :].tolist()
+        actions = [cut_at_eos(row, eos_id) for row in generated]
+        outputs += actions
+        # The cache now holds every fed position: cached + new + all generated tokens but the last one.
+        length = generated and len(generated[0])
+        fed = [a[: max(0, length - 1)] for a in actions]
+        generated_valid = torch.tensor([[1] * len(a) + [0] * (length - 1 - len(a)) for a in fed], dtype=torch.long
+                                       ).reshape(len(chunk), max(0, length - 1))
+        valid = torch.cat([cached_mask, new_mask, generated_valid], 1)
+        caches[start : start + step] = split_cache(cache, valid, [ctx + a for ctx, a in zip(chunk, fed)])
+    return outputs

@@ -1,0 +1,158 @@
+"""KV-cache reuse (generation.py) against re-encoding, with the real SmolLM2-135M in fp32 and greedy decoding.
+
+Reuse must not change what the model does: over multi-turn conversations of different lengths in one batch,
+with an action that stops at eos early, one that hits the token limit, episodes that finish early and drop out,
+the group-shared first message and tip writing from the episode's cache, the generated ids are identical.
+"""
+import dataclasses
+
+import pytest
+import torch
+
+from config import RolloutConfig
+from envs.base import Task
+from generation import PrefixCache, cut_at_eos, generate, left_pad, prefill
+from memory import TipEntry, TipMemory
+from rollout import ChatStream, run_episodes, write_tips
+
+
+def test_prefix_cache_reuse_length_and_padding_helpers():
+    cache = PrefixCache(tokens=[5, 6, 7, 8], keys=[], values=[])
+    assert cache.reusable([5, 6, 7, 8, 9]) == 4
+    assert cache.reusable([5, 6, 9]) == 2  # a history-window prompt shares only its opening
+    assert cache.reusable([1]) == 0
+    assert cut_at_eos([3, 4, 2, 2, 2], eos_id=2) == [3, 4, 2] and cut_at_eos([3, 4], eos_id=2) == [3, 4]
+    ids, mask = left_pad([[1, 2, 3], [4]], pad_id=0)
+    assert ids.tolist() == [[1, 2, 3], [0, 0, 4]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+
+
+def assert_cache_is_exact(model, cache: PrefixCache, next_token: int) -> None:
+    """The next-token logits from the cache equal a fresh forward over the whole unpadded stream (positions,
+    padding and trimming all right; only summation order differs)."""
+    from transformers import DynamicCache
+
+    batched = DynamicCache(ddp_cache_data=[(k[None], v[None]) for k, v in zip(cache.keys, cache.values)])
+    with torch.no_grad():
+        cached = model(input_ids=torch.tensor([[next_token]]), position_ids=torch.tensor([[len(cache.tokens)]]),
+                       cache=batched, use_cache=True).logits[0, -1]
+        fresh = model(input_ids=torch.tensor([cache.tokens + [next_token]])).logits[0, -1]
+    assert torch.allclose(cached, fresh, atol=2e-3, rtol=0), (cached - fresh).abs().max()
+
+
+@pytest.mark.slow
+def test_multi_turn_generation_with_caches_matches_reencoding(policy):
+    model, tokenizer = policy
+    model.eval()
+    chat = ChatStream(tokenizer)
+    questions = ["Say hi.", "Write a long story about a dragon who learns to cook.", "What is 2+2? Answer briefly."]
+    follow_ups = ["Now say it again, shorter.", "Continue the story.", "And 3+3?"]
+    plain = [chat.first_turn(q) for q in questions]
+    cached_contexts = [list(c) for c in plain]
+    caches = [None] * len(plain)
+    lengths = set()
+    for turn in range(3):
+        live = [0, 1, 2] if turn < 2 else [1, 2]  # conversation 0 ends after two turns and drops out
+        want = generate(model, chat.pad_id, chat.eos_id, [plain[i] for i in live], max_new_tokens=12,
+                        temperature=0.0)
+        live_caches = [caches[i] for i in live]
+        got = generate(model, chat.pad_id, chat.eos_id, [cached_contexts[i] for i in live], max_new_tokens=12,
+                       temperature=0.0, caches=live_caches)
+        assert got == want, f"turn {turn}"
+        for i, action, cache in zip(live, got, live_caches):
+            assert cache.tokens == cached_contexts[i] + action[: len(cache.tokens) - len(cached_contexts[i])]
+            assert cache.keys[0].shape[1] == len(cache.tokens)
+            caches[i] = cache
+            assert_cache_is_exact(model, cache, chat.eos_id)
+            delta = action + chat.close_action(action) + chat.next_turn(follow_ups[i])
+            plain[i] = plain[i] + delta
+            cached_contexts[i] = cached_contexts[i] + delta
+            lengths.add(len(action))
+    assert 12 in lengths and min(lengths) < 12  # one action hit the token limit, one stopped at eos
+
+
+@pytest.mark.slow
+def test_prefill_shares_a_groups_first_message(policy):
+    model, tokenizer = policy
+    model.eval()
+    chat = ChatStream(tokenizer)
+    long = "Name a city. " + "It should be a big one, with a port, a river and an old castle on a hill. " * 3
+    contexts = [chat.first_turn("Name a fruit.")] * 3 + [chat.first_turn(long)]
+    caches = prefill(model, contexts, chat.pad_id)
+    assert caches[0] is caches[1] is caches[2] and caches[3] is not caches[0]
+    assert caches[0].tokens == contexts[0][:-1] and caches[3].tokens == contexts[3][:-1]
+    assert_cache_is_exact(model, caches[0], contexts[0][-1])  # the short one was left-padded in the prefill
+    assert_cache_is_exact(model, caches[3], contexts[3][-1])
+    want = generate(model, chat.pad_id, chat.eos_id, contexts, max_new_tokens=6, temperature=0.0)
+    assert generate(model, chat.pad_id, chat.eos_id, contexts, max_new_tokens=6, temperature=0.0,
+                    caches=caches) == want
+
+
+def play_both_ways(model, chat, envs, tasks, groups, cfg: RolloutConfig, mode="no_memory", memory_entries=()):
+    """Greedy episodes + tips with kv_reuse off and on -> (streams, tips, actions) of each."""
+    out = {}
+    for reuse in (False, True):
+        rollout = dataclasses.replace(cfg, kv_reuse=reuse, temperature=0.0, tip_temperature=0.0)
+        memory = TipMemory(capacity=50, top_k=2)
+        for task in set(tasks):
+            for entry in memory_entries:
+                memory.stage(task.key, entry)
+        memory.sync()
+        eps = run_episodes(model, chat, envs, tasks, groups, mode=mode, memory=memory, cfg=rollout,
+                           keep_caches=True)
+        write_tips(model, chat, eps, memory, rollout)
+        assert all(ep.kv_cache is None for ep in eps)  # freed after the tip
+        out[reuse] = ([ep.ids for ep in eps], [[s.ids + s.action_ids for s in ep.steps] for ep in eps],
+                      [ep.tip for ep in eps], [ep.actions for ep in eps])
+    return out
+
+
+@pytest.mark.slow
+def test_rollout_with_kv_reuse_matches_reencoding_on_the_sanity_env(policy):
+    from envs.sanity import SanityConfig, SanityEnv
+
+    model, tokenizer = policy
+    chat = ChatStream(tokenizer)
+    env_cfg = SanityConfig(families=["lab"], num_stages=2, max_steps=3, train_variations=4, test_variations=2)
+    envs = [SanityEnv(env_cfg) for _ in range(4)]
+    train = envs[0].tasks("train")
+    tasks, groups = [train[0]] * 2 + [train[1]] * 2, [0, 0, 1, 1]
+    tips = [TipEntry(tip="Connect the wire before pressing the button.", action="connect", ret=50.0)]
+    cfg = RolloutConfig(max_action_tokens=6, max_prompt_tokens=2048, tip_max_tokens=12)
+    out = play_both_ways(model, chat, envs, tasks, groups, cfg, mode="on_policy_tips", memory_entries=tips)
+    assert out[True] == out[False]
+    assert all(out[True][2]) and all("<tip>" in chat.decode(ids) for ids in out[True][0])  # tips in the prompt
+
+
+@pytest.mark.slow
+@pytest.mark.java
+def test_rollout_with_kv_reuse_matches_reencoding_on_scienceworld(policy, tmp_path):
+    pytest.importorskip("scienceworld")
+    from envs.scienceworld import ScienceWorldConfig, ScienceWorldEnv
+
+    model, tokenizer = policy
+    chat = ChatStream(tokenizer)
+    cfg = ScienceWorldConfig(tasks=["power-component"], demo_cache_dir=str(tmp_path), max_steps=3)
+    envs = [ScienceWorldEnv(cfg) for _ in range(2)]
+    try:
+        tasks = [Task("power-component", 0), Task("power-component", 1)]
+        rollout = RolloutConfig(max_action_tokens=5, max_prompt_tokens=4096, tip_max_tokens=12)
+        out = play_both_ways(model, chat, envs, tasks, [0, 1], rollout)
+    finally:
+        for env in envs:
+            env.close()
+    assert out[True] == out[False]
+    assert all(len(a) == 3 for a in out[True][3])  # multi-turn: every episode played all its steps
+
+
+@pytest.mark.slow
+def test_rollout_with_kv_reuse_matches_reencoding_on_webshop_history_window(policy):
+    from envs.webshop import WebShopConfig, WebShopEnv
+
+    model, tokenizer = policy
+    chat = ChatStream(tokenizer)
+    envs = [WebShopEnv(WebShopConfig(max_steps=3)) for _ in range(3)]
+    tasks = envs[0].tasks("train")[:3]
+    rollout = RolloutConfig(max_action_tokens=10, max_prompt_tokens=4096, tip_max_tokens=12, history_window=2)
+    out = play_both_ways(model, chat, envs, tasks, [0, 1, 2], rollout)
+    assert out[True] == out[False]
+    assert any(len(steps) > 1 for steps in out[True][1])
