@@ -13,7 +13,8 @@ Paper map (arXiv 2602.23008; the equations are written out in docs/algorithm.md)
 * `action_logprobs`     - log pi(a_t | context) of the action tokens only, in fp32, plus the policy entropy there.
 * `sequence_action_logprobs`, `compute_old_logprobs`, `samples_loss` - the model-facing side: one forward pass
                           over right-padded sequences that sends only action positions through the LM head, the
-                          old log-probs once per iteration, and the objective of a micro-batch of samples.
+                          old log-probs once per iteration, and the objective of a micro-batch of samples;
+                          `length_buckets` forms micro-batches of similar length so little compute goes to padding.
 
 Which context and which old log-prob the caller passes decides the mode (docs/algorithm.md, paper Table 3):
 on-policy -> both with the rollout prompt; off-policy -> numerator on the tip-free twin sequence, denominator
@@ -168,16 +169,33 @@ def sequence_action_logprobs(model, seqs: list[list[int]], masks: list[list[int]
     return [logp[r][valid[r]] for r in range(len(seqs))], [entropy[r][valid[r]] for r in range(len(seqs))]
 
 
+def length_buckets(lengths: list[int], micro_batch_size: int) -> list[list[int]]:
+    """Indices grouped into micro-batches of similar length (sorted, then cut), so padding stays small. Exact: a
+    mini-batch's gradient is the same sum whichever micro-batch a sample lands in."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    return [order[i : i + micro_batch_size] for i in range(0, len(order), max(1, micro_batch_size))]
+
+
+def padded_tokens(lengths: list[int], micro_batches: list[list[int]]) -> tuple[int, int]:
+    """(pad positions, all positions) of forward passes over these micro-batches (each padded to its longest)."""
+    total = sum(max(lengths[i] for i in mb) * len(mb) for mb in micro_batches if mb)
+    return total - sum(lengths[i] for mb in micro_batches for i in mb), total
+
+
 @torch.no_grad()
-def compute_old_logprobs(model, samples, pad_id: int, device, micro_batch_size: int) -> None:
-    """Fill `sample.old_logp` (the ratio's denominator) for every sample, in the sample's old context."""
+def compute_old_logprobs(model, samples, pad_id: int, device, micro_batch_size: int) -> tuple[int, int]:
+    """Fill `sample.old_logp` (the ratio's denominator) for every sample, in the sample's old context.
+    Returns (pad positions, all positions) of its forward passes."""
     model.eval()
-    for start in range(0, len(samples), micro_batch_size):
-        micro = samples[start : start + micro_batch_size]
+    lengths = [len(s.old_ids) for s in samples]
+    buckets = length_buckets(lengths, micro_batch_size)
+    for bucket in buckets:
+        micro = [samples[i] for i in bucket]
         logps, _ = sequence_action_logprobs(model, [s.old_ids for s in micro], [s.old_mask for s in micro],
                                             pad_id, device)
         for sample, logp in zip(micro, logps):
             sample.old_logp = logp.float().cpu().tolist()
+    return padded_tokens(lengths, buckets)
 
 
 def pad_rows(rows: list[torch.Tensor], device) -> torch.Tensor:

@@ -39,7 +39,7 @@ from checkpoint import find_checkpoint, load_checkpoint, save_checkpoint, write_
 from config import Config, ConfigError, config_help, load_config, split_cli, to_dict
 from envs import make_env_pool
 from eval import evaluate
-from losses import compute_old_logprobs, group_advantages, samples_loss
+from losses import compute_old_logprobs, group_advantages, length_buckets, padded_tokens, samples_loss
 from memory import TipMemory, make_scorer
 from metrics import EpisodeStats, MetricsLogger, merge_rank_metrics, plot_metrics
 from models import ModelLoadError, load_policy
@@ -57,6 +57,7 @@ def update(model, optimizer, samples, cfg: Config, accelerator, mode: str, pad_i
     lowprob = cfg.loss.lowprob_mask if mode in cfg.loss.lowprob_mask_modes else "none"
     sums: dict[str, float] = {}
     weight, ratio_max, steps, skipped, grad_norms = 0.0, 0.0, 0, 0, []
+    pad, positions = 0, 0
     model.train()
     for _ in range(cfg.train.epochs):
         order = list(range(len(samples)))
@@ -65,8 +66,12 @@ def update(model, optimizer, samples, cfg: Config, accelerator, mode: str, pad_i
             chunk = [samples[i] for i in chunk]
             optimizer.zero_grad(set_to_none=False)
             finite = True
-            for start in range(0, len(chunk), cfg.train.micro_batch_size):
-                micro = chunk[start : start + cfg.train.micro_batch_size]
+            lengths = [len(s.ids) for s in chunk]
+            buckets = length_buckets(lengths, cfg.train.micro_batch_size)  # the random split decides the step,
+            n_pad, n_all = padded_tokens(lengths, buckets)  # length order only the padding within it
+            pad, positions = pad + n_pad, positions + n_all
+            for bucket in buckets:
+                micro = [chunk[i] for i in bucket]
                 loss, metrics = samples_loss(model, micro, pad_id, accelerator.device, cfg.loss, lowprob)
                 if not torch.isfinite(loss):
                     finite = False
@@ -91,7 +96,7 @@ def update(model, optimizer, samples, cfg: Config, accelerator, mode: str, pad_i
     out = {key: value / max(weight, 1.0) for key, value in sums.items()}
     out.update(ratio_max=ratio_max, optimizer_steps=float(steps), skipped_updates=float(skipped),
                grad_norm=float(np.mean(grad_norms)) if grad_norms else 0.0, samples=float(len(samples)),
-               action_tokens=sums.get("action_tokens", 0.0))
+               action_tokens=sums.get("action_tokens", 0.0), padding_frac=pad / max(positions, 1))
     return out
 
 
@@ -208,9 +213,11 @@ def train(cfg: Config) -> dict:
         returns = [advantage_return(ep, cfg.intrinsic) for ep in episodes]
         advantages = group_advantages(returns, [ep.group for ep in episodes], cfg.loss.advantage_eps)
         samples = build_samples(episodes, advantages, off_policy_old_logp=cfg.loss.off_policy_old_logp)
-        compute_old_logprobs(model, samples, chat.pad_id, accelerator.device, cfg.train.micro_batch_size)
+        old_pad, old_positions = compute_old_logprobs(model, samples, chat.pad_id, accelerator.device,
+                                                      cfg.train.micro_batch_size)
         update_rng = random.Random(derive_seed(cfg.train.seed, "minibatches", iteration, rank))  # resume-exact
         update_metrics = update(model, optimizer, samples, cfg, accelerator, mode, chat.pad_id, update_rng)
+        update_metrics["old_logp_padding_frac"] = old_pad / max(old_positions, 1)
         t3 = time.perf_counter()
 
         # One exchange per iteration: every rank's episodes, update statistics and tip counts.

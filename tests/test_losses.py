@@ -134,3 +134,15 @@ def test_nonfinite_inputs_are_detectable():
     loss, _ = clipped_policy_loss(torch.tensor([[float("nan")]]), torch.zeros(1, 1), torch.ones(1, 1),
                                   torch.ones(1, 1))
     assert not torch.isfinite(loss)
+
+
+def test_length_buckets_keep_padding_small():
+    from losses import length_buckets, padded_tokens
+
+    lengths = [100, 10, 90, 12]
+    shuffled = [[0, 1], [2, 3]]  # arrival order: each long sample padded against a short one
+    assert padded_tokens(lengths, shuffled) == (90 + 78, 200 + 180)
+    buckets = length_buckets(lengths, 2)
+    assert buckets == [[1, 3], [2, 0]]  # sorted by length, every sample exactly once
+    assert padded_tokens(lengths, buckets) == (2 + 10, 24 + 200)
+    assert length_buckets(lengths, 1) == [[1], [3], [2], [0]] and padded_tokens(lengths, [[1], [3]]) == (0, 22)
