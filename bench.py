@@ -1,14 +1,25 @@
-"""Benchmark: one batched `generate` per step versus one call per episode (prints times and the ratio).
+"""Benchmark of one training iteration's parts; prints every ratio in one run (README, docs/performance.md).
 
-    python bench.py --config configs/quickstart.yaml [--episodes=8] [--repeats=3] [--prompt_tokens=N]
-                    [--section.key=value ...]
+    python bench.py --config configs/quickstart.yaml [--repeats=2] [--long_turns=10] [--section.key=value ...]
 
-Contexts are real first turns of the configured environment (one per episode, cycling over the training tasks),
-generation uses the config's action-token budget and temperature. Both variants generate the same number of new
-tokens per episode (eos is disabled for the timing) so the comparison is work-for-work.
+On the configured environment and model (the quickstart: ScienceWorld find-living-thing, SmolLM2-135M on CPU):
+  (a) rollout wall time and prefill positions per turn with `rollout.kv_reuse` on vs off, at the config's shape
+      and at a `--long_turns`-turn shape (arms interleaved, same seed, median of repeats);
+  (b) one batched `generate` per step vs one call per episode (same contexts, eos disabled: work for work);
+  (c) the update on packed episodes (one sample per episode) vs one sample per step (same loss, checked), and
+      the padding fraction of micro-batches in arrival order vs length-bucketed;
+  (d) environment, tip-writing and memory time as shares of one iteration (rollout + tips + update);
+  (e) prefill throughput as a fraction of this machine's measured matmul ceiling, in fp32 and bf16.
+Prefill positions are counted by a forward hook: every position of a forward call with more than one input
+token (padding included, since it costs the same compute).
 """
 from __future__ import annotations
 
+import dataclasses
+import os
+import platform
+import random
+import statistics
 import sys
 import time
 
@@ -16,27 +27,131 @@ import torch
 
 from config import load_config, split_cli
 from envs import make_env
+from generation import left_pad
+from losses import compute_old_logprobs, group_advantages, length_buckets, padded_tokens, samples_loss
+from memory import TipMemory, make_scorer
 from models import load_policy
-from rollout import ChatStream
+from rollout import ChatStream, build_samples, per_step_samples, run_episodes, write_tips
+
+
+class ForwardCounter:
+    """Counts positions the model computes: prefill (calls with >1 input token) and decode (1 token)."""
+
+    def __init__(self, model):
+        self.prefill = self.decode = 0
+        model.register_forward_pre_hook(self.hook, with_kwargs=True)
+
+    def hook(self, module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None:
+            if ids.shape[1] > 1:
+                self.prefill += ids.numel()
+            else:
+                self.decode += ids.numel()
+
+    def reset(self):
+        self.prefill = self.decode = 0
+
+
+class Timed:
+    """Wraps objects' methods to add up their wall time (environment steps, memory calls)."""
+
+    def __init__(self, objects, names):
+        self.seconds = 0.0
+        for obj in objects:
+            for name in names:
+                setattr(obj, name, self.wrap(getattr(obj, name)))
+
+    def wrap(self, fn):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+        return timed
+
+
+def play(model, chat, envs, tasks, cfg, kv_reuse: bool, seed: int, memory=None, mode="no_memory"):
+    rollout = dataclasses.replace(cfg.rollout, kv_reuse=kv_reuse)
+    torch.manual_seed(seed)
+    start = time.perf_counter()
+    episodes = run_episodes(model, chat, envs, tasks, [t.variation for t in tasks], mode=mode, memory=memory,
+                            cfg=rollout, keep_caches=memory is not None)
+    return episodes, time.perf_counter() - start
+
+
+def rollout_ratio(model, chat, counter, envs, tasks, cfg, repeats: int, turns: int) -> dict:
+    """(a): median rollout wall and prefill positions per turn, reuse on vs off, arms interleaved."""
+    walls = {True: [], False: []}
+    prefill = {True: 0, False: 0}
+    turns_played = {True: 0, False: 0}
+    for r in range(repeats):
+        for reuse in (False, True):
+            counter.reset()
+            episodes, wall = play(model, chat, envs, tasks, cfg, reuse, seed=r)
+            walls[reuse].append(wall)
+            prefill[reuse] += counter.prefill
+            turns_played[reuse] += sum(ep.num_actions for ep in episodes)
+    off, on = statistics.median(walls[False]), statistics.median(walls[True])
+    per_turn = {k: prefill[k] / max(turns_played[k], 1) for k in prefill}
+    print(f"(a) rollout, {len(tasks)} episodes x up to {turns} turns ({sum(turns_played.values()) / repeats / 2:.0f} "
+          f"turns played per arm)")
+    print(f"    wall: re-encode {off:.1f} s, kv reuse {on:.1f} s -> {off / on:.2f}x less")
+    print(f"    prefill positions per turn: re-encode {per_turn[False]:.0f}, kv reuse {per_turn[True]:.0f} -> "
+          f"{per_turn[False] / max(per_turn[True], 1):.2f}x fewer")
+    return {"wall_off": off, "wall_on": on, "prefill_per_turn_off": per_turn[False],
+            "prefill_per_turn_on": per_turn[True]}
 
 
 def timed_generate(model, chat, contexts, new_tokens, temperature):
-    width = max(len(c) for c in contexts)
-    ids = torch.full((len(contexts), width), chat.pad_id, dtype=torch.long)
-    attention = torch.zeros_like(ids)
-    for row, ctx in enumerate(contexts):
-        ids[row, width - len(ctx) :] = torch.tensor(ctx)
-        attention[row, width - len(ctx) :] = 1
+    ids, mask = left_pad(contexts, chat.pad_id)
     start = time.perf_counter()
     with torch.no_grad():
-        model.generate(input_ids=ids, attention_mask=attention, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                        do_sample=True, temperature=temperature, top_k=0, pad_token_id=chat.pad_id)
     return time.perf_counter() - start
 
 
+def update_time(model, samples, pad_id, loss_cfg) -> tuple[float, float]:
+    """Forward + backward of every sample (one per forward): (seconds, token-weighted mean of the losses)."""
+    start, total, tokens = time.perf_counter(), 0.0, 0
+    model.train()
+    for sample in samples:
+        loss, _ = samples_loss(model, [sample], pad_id, "cpu", loss_cfg, "none")
+        loss.backward()
+        total += loss.item() * len(sample.advantages)
+        tokens += len(sample.advantages)
+    model.zero_grad(set_to_none=True)
+    model.eval()
+    return time.perf_counter() - start, total / max(tokens, 1)
+
+
+def matmul_ceiling(dtype) -> float:
+    """GFLOP/s of a 2048^3 matmul (median of 5), this machine's compute ceiling for the model's shapes."""
+    a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
+    a @ b
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return 2 * 2048**3 / statistics.median(times) / 1e9
+
+
+def prefill_rate(model, contexts, pad_id) -> float:
+    """Prefill tokens per second of one forward over `contexts` (left-padded, counted with padding)."""
+    ids, mask = left_pad(contexts, pad_id)
+    with torch.no_grad():
+        model(input_ids=ids[:, :8], attention_mask=mask[:, :8], logits_to_keep=1)
+        start = time.perf_counter()
+        model(input_ids=ids, attention_mask=mask, logits_to_keep=1)
+    return ids.numel() / (time.perf_counter() - start)
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    options = {"episodes": 8, "repeats": 3, "prompt_tokens": 0}
+    options = {"repeats": 2, "long_turns": 10}
     rest = []
     for arg in argv:
         key = arg[2:].split("=", 1)[0]
@@ -47,28 +162,83 @@ def main(argv=None):
     cfg = load_config(*split_cli(rest))
     if cfg.train.torch_threads > 0:
         torch.set_num_threads(cfg.train.torch_threads)
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch threads "
+          f"{torch.get_num_threads()}, torch {torch.__version__}; model {cfg.model.name_or_path} ({cfg.model.dtype})")
     model, tokenizer = load_policy(cfg.model)
     model.eval()
     chat = ChatStream(tokenizer)
-    env = make_env(cfg.env)
-    tasks = env.tasks("train")
-    texts = [env.reset(tasks[i % len(tasks)]) for i in range(min(len(tasks), options["episodes"]))]
-    env.close()
-    contexts = [chat.first_turn(texts[i % len(texts)]) for i in range(options["episodes"])]
-    if options["prompt_tokens"] > 0:  # keep the last N tokens: a decode-dominated regime, as on a GPU
-        contexts = [c[-options["prompt_tokens"] :] for c in contexts]
+    counter = ForwardCounter(model)
+    n = cfg.rollout.tasks_per_iteration * cfg.rollout.group_size
+    envs = [make_env(cfg.env) for _ in range(n)]
+    train_tasks = envs[0].tasks("train")
+    tasks = [train_tasks[i % len(train_tasks)] for i in range(cfg.rollout.tasks_per_iteration)
+             for _ in range(cfg.rollout.group_size)]
+    steps_key = cfg.env.name  # the env section holding max_steps
+
+    # (a) KV reuse, at the config's shape and at a long shape.
+    rollout_ratio(model, chat, counter, envs, tasks, cfg, options["repeats"], getattr(cfg.env, steps_key).max_steps)
+    for env in envs:
+        env.close()
+    long_cfg = load_config(*split_cli(rest + [f"--env.{steps_key}.max_steps={options['long_turns']}"]))
+    envs = [make_env(long_cfg.env) for _ in range(n)]
+    rollout_ratio(model, chat, counter, envs, tasks, long_cfg, options["repeats"], options["long_turns"])
+
+    # (b) batched generate vs one call per episode, on the episodes' first turns.
+    contexts = [chat.first_turn(env.reset(task)) for env, task in zip(envs, tasks)]
     new = cfg.rollout.max_action_tokens
-    print(f"{len(contexts)} episodes, prompt {min(map(len, contexts))}-{max(map(len, contexts))} tokens, "
-          f"{new} new tokens each, torch threads {torch.get_num_threads()}")
-    timed_generate(model, chat, contexts[:1], 2, cfg.rollout.temperature)  # warm-up
-    batched, single = [], []
-    for _ in range(options["repeats"]):
-        batched.append(timed_generate(model, chat, contexts, new, cfg.rollout.temperature))
-        single.append(sum(timed_generate(model, chat, [c], new, cfg.rollout.temperature) for c in contexts))
-    b, s = min(batched), min(single)
-    print(f"one batched generate per step : {b:.2f} s")
-    print(f"one generate per episode      : {s:.2f} s")
-    print(f"speed-up (per-episode / batched): {s / b:.2f}x")
+    timed_generate(model, chat, contexts[:1], 2, 1.0)
+    batched = statistics.median(timed_generate(model, chat, contexts, new, 1.0) for _ in range(options["repeats"]))
+    single = statistics.median(sum(timed_generate(model, chat, [c], new, 1.0) for c in contexts)
+                               for _ in range(options["repeats"]))
+    print(f"(b) generate, {len(contexts)} first turns x {new} tokens: one batched call {batched:.2f} s, one call "
+          f"per episode {single:.2f} s -> {single / batched:.2f}x")
+
+    # (c) + (d): one iteration in memory mode with timers on the environment and the memory.
+    memory = TipMemory(cfg.memory.capacity, cfg.memory.top_k, make_scorer(cfg.memory.similarity),
+                       cfg.memory.similarity_threshold)
+    env_timer = Timed(envs, ["reset", "step"])
+    memory_timer = Timed([memory], ["retrieve", "stage", "sync", "visit", "visit_count"])
+    episodes, rollout_wall = play(model, chat, envs, tasks, long_cfg, True, seed=0, memory=memory,
+                                  mode="on_policy_tips")
+    start = time.perf_counter()
+    write_tips(model, chat, episodes, memory, long_cfg.rollout)
+    memory.sync()
+    tips_wall = time.perf_counter() - start
+    returns = [ep.extrinsic_return for ep in episodes]
+    advantages = group_advantages(returns, [ep.group for ep in episodes])
+    advantages = [a if a else 1.0 for a in advantages]  # a non-zero loss even when every return is equal
+    packed = build_samples(episodes, advantages)
+    per_step = [piece for sample in packed for piece in per_step_samples(sample)]
+    random.Random(0).shuffle(per_step)
+    for samples in (packed, per_step):
+        compute_old_logprobs(model, samples, chat.pad_id, "cpu", cfg.train.micro_batch_size)
+    packed_wall, packed_loss = update_time(model, packed, chat.pad_id, cfg.loss)
+    step_wall, step_loss = update_time(model, per_step, chat.pad_id, cfg.loss)
+    print(f"(c) update: packed episodes ({len(packed)} samples) {packed_wall:.1f} s, one sample per step "
+          f"({len(per_step)} samples) {step_wall:.1f} s -> {step_wall / packed_wall:.2f}x; token-weighted loss "
+          f"{packed_loss:.6f} vs {step_loss:.6f} (equal: {abs(packed_loss - step_loss) < 1e-4})")
+    lengths = [len(s.ids) for s in per_step]
+    size = max(cfg.train.micro_batch_size, 4)
+    arrival = [list(range(i, min(i + size, len(lengths)))) for i in range(0, len(lengths), size)]
+    before, after = padded_tokens(lengths, arrival), padded_tokens(lengths, length_buckets(lengths, size))
+    print(f"    padding of {size}-sample micro-batches over the per-step samples: arrival order "
+          f"{before[0] / before[1]:.1%}, length-bucketed {after[0] / after[1]:.1%}")
+    iteration = rollout_wall + tips_wall + packed_wall
+    print(f"(d) one iteration ({iteration:.1f} s: rollout {rollout_wall:.1f}, tips {tips_wall:.1f}, update "
+          f"{packed_wall:.1f}): environment {env_timer.seconds / iteration:.1%}, tip writing "
+          f"{tips_wall / iteration:.1%}, memory {memory_timer.seconds / iteration:.1%}")
+    for env in envs:
+        env.close()
+
+    # (e) prefill throughput against the matmul ceiling, fp32 and bf16.
+    params = sum(p.numel() for p in model.parameters())
+    for dtype in (torch.float32, torch.bfloat16):
+        ceiling = matmul_ceiling(dtype)
+        rate = prefill_rate(model.to(dtype), contexts, chat.pad_id)
+        achieved = rate * 2 * params / 1e9
+        print(f"(e) {str(dtype).split('.')[-1]}: matmul ceiling {ceiling:.0f} GFLOP/s, prefill {rate:.0f} tokens/s "
+              f"= {achieved:.0f} GFLOP/s ({achieved / ceiling:.0%} of the ceiling)")
+    model.to(torch.float32)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import torch
 
 from config import MODES, IntrinsicConfig, MemoryConfig, RolloutConfig
 from envs.base import Env, Task
@@ -413,3 +412,25 @@ def build_samples(episodes: list[Episode], advantages: list[float], *, off_polic
             else:
                 samples.append(Sample(ids, mask, ids, mask, [adv] * n_actions))
     return samples
+
+
+def per_step_samples(sample: Sample) -> list[Sample]:
+    """An on-policy packed sample -> one sample per action (the prefix up to that action, only it masked): the
+    reference's per-step samples. The packed sample's loss equals the token-weighted loss of these, at the
+    price of re-encoding every prefix (bench.py measures it; tests/test_rollout.py checks the equality)."""
+    runs, start = [], None
+    for pos, m in enumerate(sample.mask + [0]):
+        if m and start is None:
+            start = pos
+        elif not m and start is not None:
+            runs.append((start, pos))
+            start = None
+    out, offset = [], 0
+    for begin, end in runs:
+        n = end - begin
+        mask = [0] * begin + [1] * n
+        old_logp = sample.old_logp[offset : offset + n] if sample.old_logp else []
+        out.append(Sample(sample.ids[:end], mask, sample.ids[:end], mask, sample.advantages[offset : offset + n],
+                          old_logp))
+        offset += n
+    return out

@@ -156,3 +156,35 @@ def test_rollout_with_kv_reuse_matches_reencoding_on_webshop_history_window(poli
     out = play_both_ways(model, chat, envs, tasks, [0, 1, 2], rollout)
     assert out[True] == out[False]
     assert any(len(steps) > 1 for steps in out[True][1])
+
+
+@pytest.mark.slow
+def test_bf16_option_trains_with_kv_reuse_and_fp32_log_probs(tmp_path):
+    """model.dtype=bfloat16 (GPU default; on CPUs with AMX it is faster, docs/performance.md): rollout with KV
+    reuse, tips and an off-policy update run, and the loss math stays in fp32."""
+    import json
+    from pathlib import Path
+
+    from config import load_config
+    from losses import sequence_action_logprobs
+    from models import load_policy
+    from train import train
+
+    config = Path(__file__).resolve().parents[1] / "configs" / "sanity_empo2.yaml"
+    cfg = load_config(str(config), [
+        "--model.dtype=bfloat16", "--env.sanity.families=[pick]", "--env.sanity.pick_choices=2",
+        "--env.sanity.train_variations=7", "--env.sanity.test_variations=4", "--rollout.tasks_per_iteration=1",
+        "--rollout.group_size=4", "--rollout.max_action_tokens=6", "--rollout.tip_max_tokens=12",
+        "--memory.p_no_memory=0", "--memory.p_on_policy_tips=0", "--memory.p_off_policy=1",
+        "--train.iterations=1", "--train.eval_every=0", "--train.save_every=0", "--train.tensorboard=false",
+        "--train.micro_batch_size=4", f"--output_dir={tmp_path}"])
+    train(cfg)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["mode"] for r in rows] == ["off_policy"] and rows[0]["tips_written"] > 0
+    assert all(torch.isfinite(torch.tensor([r["loss"], r["ratio_mean"], r["padding_frac"]])).all() for r in rows)
+    model, tokenizer = load_policy(cfg.model)
+    assert next(model.parameters()).dtype == torch.bfloat16
+    chat = ChatStream(tokenizer)
+    (logp,), (entropy,) = sequence_action_logprobs(model, [chat.first_turn("Hi") + [5, 6]], [[0] * 4 + [1, 1]],
+                                                  chat.pad_id, "cpu")
+    assert logp.dtype == torch.float32 and entropy.dtype == torch.float32

@@ -7,7 +7,7 @@ from envs.base import Task
 from losses import clipped_policy_loss, sequence_action_logprobs
 from memory import TipEntry, TipMemory, tip_block
 from rollout import (ChatStream, Episode, Sample, advantage_return, build_samples, draw_mode, generate_actions,
-                     intrinsic_return, pay_novelty, run_episodes, write_tips)
+                     intrinsic_return, pay_novelty, per_step_samples, run_episodes, write_tips)
 
 
 
@@ -31,27 +31,6 @@ def test_draw_mode_probabilities_and_rank_agreement():
     assert freq["on_policy_tips"] == pytest.approx(0.08, abs=0.01)
     assert freq["off_policy"] == pytest.approx(0.17, abs=0.015)
     assert draw_mode(MemoryConfig(enabled=False), 0, 5) == "no_memory"
-
-
-def split_into_steps(sample: Sample) -> list[Sample]:
-    """A packed full-history sample -> one sample per action (prefix up to that action, only it masked): the
-    reference's per-step samples. The loss of the packed sample must equal the token-weighted loss of these."""
-    runs, start = [], None
-    for pos, m in enumerate(sample.mask + [0]):
-        if m and start is None:
-            start = pos
-        elif not m and start is not None:
-            runs.append((start, pos))
-            start = None
-    out, offset = [], 0
-    for begin, end in runs:
-        n = end - begin
-        mask = [0] * begin + [1] * n
-        old_logp = sample.old_logp[offset : offset + n] if sample.old_logp else []
-        out.append(Sample(sample.ids[:end], mask, sample.ids[:end], mask, sample.advantages[offset : offset + n],
-                          old_logp))
-        offset += n
-    return out
 
 
 def test_novelty_is_paid_after_the_rollout_whatever_the_episode_order():
@@ -104,7 +83,7 @@ def test_twin_stream_is_the_episode_rendered_without_tips(policy, rooms_env):
         assert ep.num_actions == 3 and all(n == 3 for n in ep.tips_retrieved)
         assert "<tip>" in chat.decode(ep.ids) and "<tip>" not in chat.decode(ep.twin_ids)
         # Rebuild the tip-free conversation from its messages and the generated action ids, token for token.
-        action_runs = [s.ids[len(s.ids) - sum(s.mask):] for s in split_into_steps(build_samples([ep], [0.0])[0])]
+        action_runs = [s.ids[len(s.ids) - sum(s.mask):] for s in per_step_samples(build_samples([ep], [0.0])[0])]
         expected = chat.first_turn(ep.observations[0])
         for k, action in enumerate(action_runs):
             expected += action
@@ -144,7 +123,7 @@ def test_packed_loss_equals_per_step_loss(policy, rooms_env):
     model.eval()
     with torch.no_grad():
         (packed_logp,), _ = sequence_action_logprobs(model, [sample.ids], [sample.mask], chat.pad_id, "cpu")
-        steps = split_into_steps(sample)
+        steps = per_step_samples(sample)
         step_logps, _ = sequence_action_logprobs(model, [s.ids for s in steps], [s.mask for s in steps],
                                                  chat.pad_id, "cpu")
     assert len(steps) == 3
