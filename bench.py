@@ -1,6 +1,7 @@
 """Benchmark of one training iteration's parts; prints every ratio in one run (README, docs/performance.md).
 
-    python bench.py --config configs/quickstart.yaml [--repeats=2] [--long_turns=10] [--section.key=value ...]
+    python bench.py --config configs/quickstart.yaml [--repeats=2] [--long_turns=10] [--parts=abcde]
+                    [--prefill_tokens=256] [--section.key=value ...]
 
 On the configured environment and model (the quickstart: ScienceWorld find-living-thing, SmolLM2-135M on CPU):
   (a) rollout wall time and prefill positions per turn with `rollout.kv_reuse` on vs off, at the config's shape
@@ -9,7 +10,9 @@ On the configured environment and model (the quickstart: ScienceWorld find-livin
   (c) the update on packed episodes (one sample per episode) vs one sample per step (same loss, checked), and
       the padding fraction of micro-batches in arrival order vs length-bucketed;
   (d) environment, tip-writing and memory time as shares of one iteration (rollout + tips + update);
-  (e) prefill throughput as a fraction of this machine's measured matmul ceiling, in fp32 and bf16.
+  (e) prefill throughput (first turns cut to their last `--prefill_tokens` tokens) as a fraction of this
+      machine's measured matmul ceiling, in fp32 and bf16.
+`--parts` picks a subset (e.g. --parts=e); the results in results/bench/ say which run printed what.
 Prefill positions are counted by a forward hook: every position of a forward call with more than one input
 token (padding included, since it costs the same compute).
 """
@@ -39,11 +42,12 @@ class ForwardCounter:
 
     def __init__(self, model):
         self.prefill = self.decode = 0
-        model.register_forward_pre_hook(self.hook, with_kwargs=True)
+        # The input embedding sees every forward, whether `generate` or a direct call runs it.
+        model.get_input_embeddings().register_forward_pre_hook(self.hook)
 
-    def hook(self, module, args, kwargs):
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is not None:
+    def hook(self, module, args):
+        ids = args[0] if args else None
+        if ids is not None and ids.dim() == 2:
             if ids.shape[1] > 1:
                 self.prefill += ids.numel()
             else:
@@ -128,15 +132,15 @@ def update_time(model, samples, pad_id, loss_cfg) -> tuple[float, float]:
 
 
 def matmul_ceiling(dtype) -> float:
-    """GFLOP/s of a 2048^3 matmul (median of 5), this machine's compute ceiling for the model's shapes."""
-    a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
+    """GFLOP/s of a 1024^3 matmul (median of 5), this machine's compute ceiling for the model's shapes."""
+    a, b = torch.randn(1024, 1024, dtype=dtype), torch.randn(1024, 1024, dtype=dtype)
     a @ b
     times = []
     for _ in range(5):
         start = time.perf_counter()
         a @ b
         times.append(time.perf_counter() - start)
-    return 2 * 2048**3 / statistics.median(times) / 1e9
+    return 2 * 1024**3 / statistics.median(times) / 1e9
 
 
 def prefill_rate(model, contexts, pad_id) -> float:
@@ -151,12 +155,13 @@ def prefill_rate(model, contexts, pad_id) -> float:
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    options = {"repeats": 2, "long_turns": 10}
+    options = {"repeats": 2, "long_turns": 10, "parts": "abcde", "prefill_tokens": 256}
     rest = []
     for arg in argv:
         key = arg[2:].split("=", 1)[0]
         if key in options and "=" in arg:
-            options[key] = int(arg.split("=", 1)[1])
+            value = arg.split("=", 1)[1]
+            options[key] = value if key == "parts" else int(value)
         else:
             rest.append(arg)
     cfg = load_config(*split_cli(rest))
@@ -174,26 +179,49 @@ def main(argv=None):
     tasks = [train_tasks[i % len(train_tasks)] for i in range(cfg.rollout.tasks_per_iteration)
              for _ in range(cfg.rollout.group_size)]
     steps_key = cfg.env.name  # the env section holding max_steps
+    parts = options["parts"]
 
-    # (a) KV reuse, at the config's shape and at a long shape.
-    rollout_ratio(model, chat, counter, envs, tasks, cfg, options["repeats"], getattr(cfg.env, steps_key).max_steps)
+    if "a" in parts:  # KV reuse, at the config's shape and at a long shape
+        rollout_ratio(model, chat, counter, envs, tasks, cfg, options["repeats"],
+                      getattr(cfg.env, steps_key).max_steps)
     for env in envs:
         env.close()
     long_cfg = load_config(*split_cli(rest + [f"--env.{steps_key}.max_steps={options['long_turns']}"]))
     envs = [make_env(long_cfg.env) for _ in range(n)]
-    rollout_ratio(model, chat, counter, envs, tasks, long_cfg, options["repeats"], options["long_turns"])
+    if "a" in parts:
+        rollout_ratio(model, chat, counter, envs, tasks, long_cfg, options["repeats"], options["long_turns"])
 
-    # (b) batched generate vs one call per episode, on the episodes' first turns.
     contexts = [chat.first_turn(env.reset(task)) for env, task in zip(envs, tasks)]
-    new = cfg.rollout.max_action_tokens
-    timed_generate(model, chat, contexts[:1], 2, 1.0)
-    batched = statistics.median(timed_generate(model, chat, contexts, new, 1.0) for _ in range(options["repeats"]))
-    single = statistics.median(sum(timed_generate(model, chat, [c], new, 1.0) for c in contexts)
-                               for _ in range(options["repeats"]))
-    print(f"(b) generate, {len(contexts)} first turns x {new} tokens: one batched call {batched:.2f} s, one call "
-          f"per episode {single:.2f} s -> {single / batched:.2f}x")
+    if "b" in parts:  # batched generate vs one call per episode, on the episodes' first turns
+        new = cfg.rollout.max_action_tokens
+        timed_generate(model, chat, contexts[:1], 2, 1.0)
+        batched = statistics.median(timed_generate(model, chat, contexts, new, 1.0)
+                                    for _ in range(options["repeats"]))
+        single = statistics.median(sum(timed_generate(model, chat, [c], new, 1.0) for c in contexts)
+                                   for _ in range(options["repeats"]))
+        print(f"(b) generate, {len(contexts)} first turns x {new} tokens: one batched call {batched:.2f} s, one "
+              f"call per episode {single:.2f} s -> {single / batched:.2f}x")
 
-    # (c) + (d): one iteration in memory mode with timers on the environment and the memory.
+    if "c" in parts or "d" in parts:  # one iteration in memory mode, timers on the environment and the memory
+        iteration_parts(model, chat, envs, tasks, cfg, long_cfg)
+    for env in envs:
+        env.close()
+
+    if "e" in parts:  # prefill throughput against the matmul ceiling, fp32 and bf16
+        params = sum(p.numel() for p in model.parameters())
+        short = [c[-options["prefill_tokens"] :] for c in contexts]
+        for dtype in (torch.float32, torch.bfloat16):
+            ceiling = matmul_ceiling(dtype)
+            rate = prefill_rate(model.to(dtype), short, chat.pad_id)
+            achieved = rate * 2 * params / 1e9
+            print(f"(e) {str(dtype).split('.')[-1]}: matmul ceiling {ceiling:.1f} GFLOP/s, prefill of "
+                  f"{len(short)} x {len(short[0])} tokens {rate:.0f} tokens/s = {achieved:.0f} GFLOP/s "
+                  f"({achieved / ceiling:.0%} of the ceiling)")
+        model.to(torch.float32)
+
+
+def iteration_parts(model, chat, envs, tasks, cfg, long_cfg) -> None:
+    """(c) packed vs per-step update and padding, (d) time shares, on one memory-mode iteration."""
     memory = TipMemory(cfg.memory.capacity, cfg.memory.top_k, make_scorer(cfg.memory.similarity),
                        cfg.memory.similarity_threshold)
     env_timer = Timed(envs, ["reset", "step"])
@@ -214,9 +242,9 @@ def main(argv=None):
         compute_old_logprobs(model, samples, chat.pad_id, "cpu", cfg.train.micro_batch_size)
     packed_wall, packed_loss = update_time(model, packed, chat.pad_id, cfg.loss)
     step_wall, step_loss = update_time(model, per_step, chat.pad_id, cfg.loss)
-    print(f"(c) update: packed episodes ({len(packed)} samples) {packed_wall:.1f} s, one sample per step "
-          f"({len(per_step)} samples) {step_wall:.1f} s -> {step_wall / packed_wall:.2f}x; token-weighted loss "
-          f"{packed_loss:.6f} vs {step_loss:.6f} (equal: {abs(packed_loss - step_loss) < 1e-4})")
+    print(f"(c) update (forward + backward): packed episodes ({len(packed)} samples) {packed_wall:.1f} s, one "
+          f"sample per step ({len(per_step)} samples) {step_wall:.1f} s -> {step_wall / packed_wall:.2f}x; "
+          f"token-weighted loss {packed_loss:.6f} vs {step_loss:.6f} (equal: {abs(packed_loss - step_loss) < 1e-4})")
     lengths = [len(s.ids) for s in per_step]
     size = max(cfg.train.micro_batch_size, 4)
     arrival = [list(range(i, min(i + size, len(lengths)))) for i in range(0, len(lengths), size)]
@@ -227,18 +255,6 @@ def main(argv=None):
     print(f"(d) one iteration ({iteration:.1f} s: rollout {rollout_wall:.1f}, tips {tips_wall:.1f}, update "
           f"{packed_wall:.1f}): environment {env_timer.seconds / iteration:.1%}, tip writing "
           f"{tips_wall / iteration:.1%}, memory {memory_timer.seconds / iteration:.1%}")
-    for env in envs:
-        env.close()
-
-    # (e) prefill throughput against the matmul ceiling, fp32 and bf16.
-    params = sum(p.numel() for p in model.parameters())
-    for dtype in (torch.float32, torch.bfloat16):
-        ceiling = matmul_ceiling(dtype)
-        rate = prefill_rate(model.to(dtype), contexts, chat.pad_id)
-        achieved = rate * 2 * params / 1e9
-        print(f"(e) {str(dtype).split('.')[-1]}: matmul ceiling {ceiling:.0f} GFLOP/s, prefill {rate:.0f} tokens/s "
-              f"= {achieved:.0f} GFLOP/s ({achieved / ceiling:.0%} of the ceiling)")
-    model.to(torch.float32)
 
 
 if __name__ == "__main__":

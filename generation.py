@@ -147,7 +147,9 @@ def generate(model, pad_id: int, eos_id: int, contexts: list[list[int]], *, max_
 
     caches=None: every context is encoded from scratch (left padding). caches=[...] (one entry per context, None
     for nothing cached yet): each row reuses its cache's common prefix with its context, and on return
-    caches[i] holds context i + its continuation (all but a last token that was sampled and never fed).
+    caches[i] holds context i + its continuation (all but a last token that was sampled and never fed). The list
+    is emptied while the batch runs, so the caller should hold no other reference to the rows' caches: then
+    peak memory is the batched cache plus, briefly, its per-row copies.
     """
     outputs: list[list[int]] = []
     step = batch_size if batch_size > 0 else max(1, len(contexts))
@@ -167,6 +169,8 @@ def generate(model, pad_id: int, eos_id: int, contexts: list[list[int]], *, max_
         reuse = [min(c.reusable(ctx), len(ctx) - 1) if c is not None else 0 for c, ctx in zip(chunk_caches, chunk)]
         width = max(reuse)
         cache = batched_cache(chunk_caches, reuse, width)
+        del chunk_caches
+        caches[start : start + step] = [None] * len(chunk)  # the batch holds the keys/values now: free the rows
         cached_mask = torch.zeros((len(chunk), width), dtype=torch.long)
         for row, n in enumerate(reuse):
             if n:

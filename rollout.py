@@ -2,8 +2,10 @@
 
 One iteration's rollout (docs/algorithm.md):
 * the mode is drawn ONCE per iteration (`draw_mode`): no_memory 0.75, on_policy_tips 0.08, off_policy 0.17;
-* B task rows x N episodes run in lockstep: at every step all live episodes are left-padded into ONE batched
-  `generate` call (optionally capped at `rollout.generation_batch_size`), then all environments step in threads;
+* B task rows x N episodes run in lockstep: at every step all live episodes go into ONE batched `generate` call
+  (optionally capped at `rollout.generation_batch_size`), then all environments step in threads; with
+  `rollout.kv_reuse` (default) each episode keeps its KV cache between turns, the group's shared first message is
+  encoded once, and a step feeds only its new tokens (generation.py);
 * in memory modes the tips retrieved for the current observation are appended to that step's user message as a
   `<tip>` block (memory.tip_block); the block stays in the history where it was retrieved;
 * after every training episode the policy writes a one-sentence tip (`write_tips`, the released tip prompt);
@@ -24,6 +26,7 @@ intrinsic reward is a real novelty count (memory.py).
 from __future__ import annotations
 
 import random
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -217,6 +220,14 @@ def window_turn(chat: ChatStream, env: Env, window: int, block: str):
     return delta, chat.first_turn(text), delta
 
 
+def kv_reuse_enabled(model, cfg: RolloutConfig) -> bool:
+    """rollout.kv_reuse, unless the model has sliding-window layers (then re-encode, with a warning)."""
+    if cfg.kv_reuse and not supports_kv_reuse(model):
+        warnings.warn("rollout.kv_reuse: this model has sliding-window attention layers; re-encoding every turn")
+        return False
+    return cfg.kv_reuse
+
+
 def counts_novelty(mode: str, memory: TipMemory | None, intrinsic: IntrinsicConfig | None) -> bool:
     """Whether this rollout pays the novelty bonus (needs the memory's visit counts)."""
     if memory is None or intrinsic is None or intrinsic.coef <= 0:
@@ -261,7 +272,7 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
     observations = list(pool.map(lambda pair: pair[0].reset(pair[1]), zip(envs, tasks)))
     first_observations = list(observations)
     reached: list[list[str | None]] = [[] for _ in episodes]  # the state after each step (None: env crashed)
-    reuse = cfg.kv_reuse and supports_kv_reuse(model)
+    reuse = kv_reuse_enabled(model, cfg)
     caches: list[PrefixCache | None] = [None] * len(episodes)  # each episode's KV cache (generation.py)
 
     step = 0
@@ -293,6 +304,8 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
                 for i, cache in zip(live, prefill(model, contexts, chat.pad_id, cfg.generation_batch_size)):
                     caches[i] = cache
             live_caches = [caches[i] for i in live]
+            for i in live:
+                caches[i] = None  # generate() frees each row's copy once the batch holds it
         actions = generate_actions(model, chat, contexts, live_caches, max_new_tokens=cfg.max_action_tokens,
                                    temperature=temperature, top_p=cfg.top_p, batch_size=cfg.generation_batch_size)
         for i, cache in zip(live, live_caches or []):
@@ -355,7 +368,7 @@ def write_tips(model, chat: ChatStream, episodes: list[Episode], memory: TipMemo
 
     An episode's KV cache (run_episodes(keep_caches=True)) is reused: only the tip turn is encoded, then freed."""
     todo = [ep for ep in episodes if ep.num_actions > 0]
-    caches = [ep.kv_cache for ep in todo] if cfg.kv_reuse and supports_kv_reuse(model) else None
+    caches = [ep.kv_cache for ep in todo] if kv_reuse_enabled(model, cfg) else None
     for ep in episodes:
         ep.kv_cache = None
     if not todo:
