@@ -185,10 +185,10 @@ def generate(model, pad_id: int, eos_id: int, contexts: list[list[int]], *, max_
         actions = [cut_at_eos(row, eos_id) for row in generated]
         outputs += actions
         # The cache now holds every fed position: cached + new + all generated tokens but the last one.
-        length = generated and len(generated[0])
-        fed = [a[: max(0, length - 1)] for a in actions]
+        length = len(generated[0])  # new tokens of the longest row; the last one was never fed
+        fed = [a[: length - 1] for a in actions]
         generated_valid = torch.tensor([[1] * len(a) + [0] * (length - 1 - len(a)) for a in fed], dtype=torch.long
-                                       ).reshape(len(chunk), max(0, length - 1))
+                                       ).reshape(len(chunk), length - 1)
         valid = torch.cat([cached_mask, new_mask, generated_valid], 1)
         caches[start : start + step] = split_cache(cache, valid, [ctx + a for ctx, a in zip(chunk, fed)])
     return outputs
