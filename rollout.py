@@ -30,7 +30,6 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-
 from config import MODES, IntrinsicConfig, MemoryConfig, RolloutConfig
 from envs.base import Env, Task
 from generation import PrefixCache, generate, prefill, supports_kv_reuse

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from config import RolloutConfig
-from envs.base import Task
+from envs.base import Env, Task
 from generation import PrefixCache, cut_at_eos, generate, left_pad, prefill
 from memory import TipEntry, TipMemory
 from rollout import ChatStream, run_episodes, write_tips
@@ -102,8 +102,19 @@ def play_both_ways(model, chat, envs, tasks, groups, cfg: RolloutConfig, mode="n
         write_tips(model, chat, eps, memory, rollout)
         assert all(ep.kv_cache is None for ep in eps)  # freed after the tip
         out[reuse] = ([ep.ids for ep in eps], [[s.ids + s.action_ids for s in ep.steps] for ep in eps],
-                      [ep.tip for ep in eps], [ep.actions for ep in eps])
+                      [ep.tip for ep in eps], [ep.actions for ep in eps], [action_runs(ep) for ep in eps])
     return out
+
+
+def action_runs(ep) -> list[list[int]]:
+    """The generated ids of each action of a full-history episode (runs of the action mask)."""
+    runs, current = [], []
+    for token, m in zip(ep.ids + [0], ep.mask + [0]):
+        if m:
+            current.append(token)
+        elif current:
+            runs, current = runs + [current], []
+    return runs
 
 
 @pytest.mark.slow
@@ -188,3 +199,46 @@ def test_bf16_option_trains_with_kv_reuse_and_fp32_log_probs(tmp_path):
     (logp,), (entropy,) = sequence_action_logprobs(model, [chat.first_turn("Hi") + [5, 6]], [[0] * 4 + [1, 1]],
                                                   chat.pad_id, "cpu")
     assert logp.dtype == torch.float32 and entropy.dtype == torch.float32
+
+
+class QuizEnv(Env):
+    """Asks its questions in turn, pays nothing, ends after `max_steps` answers: short and long answers mixed."""
+
+    QUESTIONS = ["What is 2+2? Reply with just the number.", "Write a long poem about the sea.",
+                 "What colour is the sky? One word."]
+
+    def __init__(self, max_steps: int):
+        self.max_steps, self.t = max_steps, 0
+
+    def tasks(self, split):
+        return [Task("quiz", 0)]
+
+    def reset(self, task):
+        self.t = 0
+        return self.QUESTIONS[0]
+
+    def step(self, action):
+        self.t += 1
+        done = self.t >= self.max_steps
+        info = dict(score=0.0, success=False, truncated=done, env_error="", action=action)
+        return self.QUESTIONS[self.t % len(self.QUESTIONS)], 0.0, done, info
+
+    def window_prompt(self, window):
+        return self.QUESTIONS[self.t % len(self.QUESTIONS)]
+
+
+@pytest.mark.slow
+def test_rollout_with_kv_reuse_matches_reencoding_with_early_finishers_and_cut_actions(policy):
+    """Episodes of 1, 3 and 2 turns in one batch (the short ones drop out while the others go on), full history,
+    actions cut at the token limit next to actions ending at eos."""
+    model, tokenizer = policy
+    chat = ChatStream(tokenizer)
+    envs = [QuizEnv(1), QuizEnv(3), QuizEnv(2)]
+    tasks = [Task("quiz", 0)] * 3
+    rollout = RolloutConfig(max_action_tokens=8, max_prompt_tokens=4096, tip_max_tokens=10)
+    out = play_both_ways(model, chat, envs, tasks, [0, 1, 2], rollout)
+    assert out[True] == out[False]
+    assert [len(a) for a in out[True][3]] == [1, 3, 2]
+    actions = [a for runs in out[True][4] for a in runs]
+    assert any(len(a) == 8 and a[-1] != chat.eos_id for a in actions)  # cut at the token limit, closed with eos
+    assert any(a[-1] == chat.eos_id for a in actions)  # stopped by itself

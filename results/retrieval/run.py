@@ -25,9 +25,9 @@ ENV = ["--env.sanity.num_stages=2", "--env.sanity.max_steps=3", "--env.sanity.te
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--seeds", default="0")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--episodes_per_task", type=int, default=4)
+    parser.add_argument("--episodes_per_task", type=int, default=2)
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     commands, rows = [], {}

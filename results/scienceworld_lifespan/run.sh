@@ -6,7 +6,7 @@ set -euo pipefail
 OUT=results/scienceworld_lifespan/runs
 COMMON=(--config configs/quickstart.yaml --env.scienceworld.tasks=[lifespan-longest-lived]
         --env.scienceworld.train_variations=5 --env.scienceworld.max_steps=6 --env.scienceworld.demo_max_steps=4
-        --rollout.tasks_per_iteration=2 --rollout.group_size=4 --train.iterations=10 --train.lr=3e-4
+        --rollout.tasks_per_iteration=2 --rollout.group_size=4 --train.iterations=6 --train.lr=3e-4
         --train.seed=0 --train.eval_every=0 --train.save_every=0 --train.tensorboard=false)
 for algo in empo2 grpo; do
   [ -f "$OUT/$algo/wall_seconds.txt" ] && continue
