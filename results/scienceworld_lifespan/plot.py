@@ -15,7 +15,7 @@ HERE = Path(__file__).resolve().parent
 
 def main():
     rows = {}
-    for algo in ("empo2", "grpo"):
+    for algo in ("empo2", "grpo", "grpo_with_novelty"):
         path = HERE / "runs" / algo / "metrics.jsonl"
         if path.exists():
             rows[algo] = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -10,7 +10,7 @@ COMMON=(--config configs/quickstart.yaml --env.scienceworld.tasks=[lifespan-long
         --train.seed=0 --train.eval_every=0 --train.save_every=0 --train.tensorboard=false)
 for algo in empo2 grpo; do
   [ -f "$OUT/$algo/wall_seconds.txt" ] && continue
-  extra=(); [ "$algo" = grpo ] && extra=(--memory.enabled=false)
+  extra=(); [ "$algo" = grpo ] && extra=(--memory.enabled=false --intrinsic.coef=0)
   mkdir -p "$OUT/$algo"
   start=$(date +%s)
   python train.py "${COMMON[@]}" "${extra[@]}" --output_dir="$OUT/$algo" > "$OUT/$algo/log.txt" 2>&1
