@@ -139,6 +139,7 @@ def test_rollout_with_kv_reuse_matches_reencoding_on_the_sanity_env(policy):
 def test_rollout_with_kv_reuse_matches_reencoding_on_scienceworld(policy, tmp_path):
     pytest.importorskip("scienceworld")
     from envs.scienceworld import ScienceWorldConfig, ScienceWorldEnv
+    from envs.scienceworld.demos import forget_demos
 
     model, tokenizer = policy
     chat = ChatStream(tokenizer)
@@ -151,6 +152,7 @@ def test_rollout_with_kv_reuse_matches_reencoding_on_scienceworld(policy, tmp_pa
     finally:
         for env in envs:
             env.close()
+        forget_demos()  # demos of this temporary folder must not outlive it in the process-wide cache
     assert out[True] == out[False]
     assert all(len(a) == 3 for a in out[True][3])  # multi-turn: every episode played all its steps
 

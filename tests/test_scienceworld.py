@@ -33,8 +33,10 @@ def _check_info(info: dict) -> None:
 
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory):
-    """Every JVM test uses this fixture (directly or through `env`), so they all skip without the package."""
+    """Every JVM test uses this fixture (directly or through `env`), so they all skip without the package. The
+    in-process demo cache is emptied first: demos another test module loaded must not stand in for this folder's."""
     pytest.importorskip("scienceworld")
+    forget_demos()
     return tmp_path_factory.mktemp("sw_demos")
 
 
