@@ -43,6 +43,8 @@ class PrefixCache:
 
     def reusable(self, context: list[int]) -> int:
         """How many leading tokens of `context` this cache already holds (the longest common prefix)."""
+        if context[: len(self.tokens)] == self.tokens:  # the usual case (an append-only turn), at C speed
+            return len(self.tokens)
         n = 0
         for a, b in zip(self.tokens, context):
             if a != b:
@@ -171,10 +173,7 @@ def generate(model, pad_id: int, eos_id: int, contexts: list[list[int]], *, max_
         cache = batched_cache(chunk_caches, reuse, width)
         del chunk_caches
         caches[start : start + step] = [None] * len(chunk)  # the batch holds the keys/values now: free the rows
-        cached_mask = torch.zeros((len(chunk), width), dtype=torch.long)
-        for row, n in enumerate(reuse):
-            if n:
-                cached_mask[row, width - n :] = 1
+        _, cached_mask = left_pad([[0] * n for n in reuse], pad_id, width)
         new_ids, new_mask = left_pad([ctx[n:] for ctx, n in zip(chunk, reuse)], pad_id)
         # Only the new tokens go in as input_ids; the mask spans cache + new tokens, so `generate` feeds them all.
         sequences = model.generate(input_ids=new_ids.to(device),
