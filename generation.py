@@ -22,6 +22,10 @@ compute: on this CPU it is ~1% of the prefill it replaces; docs/performance.md) 
 episode's cache between turns. With greedy decoding the reused and the re-encoded paths produce the same tokens
 (tests/test_generation.py); the logits differ only by floating-point summation order.
 
+`ChatStream` turns a tokenizer's chat template into the append-only token deltas the streams are built from
+(first turn, the closing of an action, the next user turn). Every row stops at any eos id of the model's
+generation config (`stop_ids`: Qwen2.5 has two).
+
 Only full-attention decoder layers are supported (sliding-window layers keep a rolling window that a trimmed
 per-row copy cannot represent); `supports_kv_reuse` checks the model's config, and the rollout falls back to
 re-encoding with a warning.
@@ -79,9 +83,21 @@ def sampling_kwargs(temperature: float, top_p: float) -> dict:
     return dict(do_sample=False, temperature=None, top_p=None, top_k=None)
 
 
-def cut_at_eos(row: list[int], eos_id: int) -> list[int]:
-    """A generated row up to and including its first eos (the rest is padding)."""
-    return row[: row.index(eos_id) + 1] if eos_id in row else row
+def cut_at_eos(row: list[int], eos_id: int | list[int]) -> list[int]:
+    """A generated row up to and including its first eos (any of the ids in a list; the rest is padding)."""
+    stops = {eos_id} if isinstance(eos_id, int) else set(eos_id)
+    for index, token in enumerate(row):
+        if token in stops:
+            return row[: index + 1]
+    return row
+
+
+def stop_ids(model, eos_id: int) -> list[int]:
+    """`eos_id` first, then every eos id of the model's generation config: Qwen2.5 ends a turn with <|im_end|>
+    but may also emit <|endoftext|>, and both must stop a row (models.load_policy lists them there)."""
+    configured = model.generation_config.eos_token_id
+    configured = configured if isinstance(configured, list) else [configured]
+    return list(dict.fromkeys([eos_id] + [i for i in configured if i is not None]))
 
 
 def batched_cache(caches: list[PrefixCache | None], reuse: list[int], width: int):
@@ -146,6 +162,7 @@ def generate(model, pad_id: int, eos_id: int, contexts: list[list[int]], *, max_
              temperature: float, top_p: float = 1.0, batch_size: int = 0,
              caches: list[PrefixCache | None] | None = None) -> list[list[int]]:
     """Sample a continuation of every context (cut after its first eos, kept), batched `batch_size` at a time.
+    A row stops at `eos_id` or at any eos id of the model's generation config (`stop_ids`).
 
     caches=None: every context is encoded from scratch (left padding). caches=[...] (one entry per context, None
     for nothing cached yet): each row reuses its cache's common prefix with its context, and on return
@@ -157,14 +174,18 @@ def generate(model, pad_id: int, eos_id: int, contexts: list[list[int]], *, max_
     step = batch_size if batch_size > 0 else max(1, len(contexts))
     device = next(model.parameters()).device
     sampling = sampling_kwargs(temperature, top_p)
+    eos_ids = stop_ids(model, eos_id)
+    # synced_gpus=False: transformers turns it on for an FSDP-wrapped model (every rank then keeps stepping until all
+    # are done, one all-reduce per token). Our FSDP generation runs inside runtime.full_weights (whole layers, no
+    # collectives), where ranks generate independently and a synced rank would wait forever for the others.
     for start in range(0, len(contexts), step):
         chunk = contexts[start : start + step]
         if caches is None:
             ids, mask = left_pad(chunk, pad_id)
             generated = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                                       max_new_tokens=max_new_tokens, pad_token_id=pad_id, eos_token_id=eos_id,
-                                       **sampling)[:, ids.shape[1] :].tolist()
-            outputs += [cut_at_eos(row, eos_id) for row in generated]
+                                       max_new_tokens=max_new_tokens, pad_token_id=pad_id, eos_token_id=eos_ids,
+                                       synced_gpus=False, **sampling)[:, ids.shape[1] :].tolist()
+            outputs += [cut_at_eos(row, eos_ids) for row in generated]
             continue
         chunk_caches = caches[start : start + step]
         # At least one token per row must be fed: `generate` samples from the logits of the last input.
@@ -179,9 +200,9 @@ def generate(model, pad_id: int, eos_id: int, contexts: list[list[int]], *, max_
         sequences = model.generate(input_ids=new_ids.to(device),
                                    attention_mask=torch.cat([cached_mask, new_mask], 1).to(device), cache=cache,
                                    use_cache=True, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
-                                   eos_token_id=eos_id, **sampling)
+                                   eos_token_id=eos_ids, synced_gpus=False, **sampling)
         generated = sequences[:, new_ids.shape[1] :].tolist()
-        actions = [cut_at_eos(row, eos_id) for row in generated]
+        actions = [cut_at_eos(row, eos_ids) for row in generated]
         outputs += actions
         # The cache now holds every fed position: cached + new + all generated tokens but the last one.
         length = len(generated[0])  # new tokens of the longest row; the last one was never fed
@@ -191,3 +212,66 @@ def generate(model, pad_id: int, eos_id: int, contexts: list[list[int]], *, max_
         valid = torch.cat([cached_mask, new_mask, generated_valid], 1)
         caches[start : start + step] = split_cache(cache, valid, [ctx + a for ctx, a in zip(chunk, fed)])
     return outputs
+
+
+# ----------------------------------------------------------------------------- chat-template token deltas
+
+
+class ChatStream:
+    """Append-only token deltas from a tokenizer's chat template.
+
+    An episode's stream is `first_turn(obs_0)`, then per step: the action ids, `close_action(action)` and
+    `next_turn(obs_t)`. The deltas are derived once from the template by rendering sentinel conversations, so this
+    works for ChatML (Qwen, SmolLM2) and other templates that render turns additively."""
+
+    _USER1, _ASSISTANT1, _USER2 = "<<U1-sentinel>>", "<<A1-sentinel>>", "<<U2-sentinel>>"
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.eos_id = tokenizer.eos_token_id
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
+        first_turn = self._render([{"role": "user", "content": self._USER1}], True)
+        two_turns = self._render(
+            [
+                {"role": "user", "content": self._USER1},
+                {"role": "assistant", "content": self._ASSISTANT1},
+                {"role": "user", "content": self._USER2},
+            ],
+            True,
+        )
+        start = two_turns.find(self._ASSISTANT1)
+        if not two_turns.startswith(first_turn) or start < 0:
+            raise ValueError("cannot derive append-only turns from this chat template; use rollout.history_window >= 0")
+        # Everything the template puts after an assistant message, up to the next generation prompt. Templates that
+        # re-render past turns differently (e.g. Qwen3 drops empty <think> blocks) are fine: the stream keeps what
+        # the model actually saw and generated, it is never re-rendered.
+        after_action = two_turns[start + len(self._ASSISTANT1) :]
+        eos_text = tokenizer.decode([self.eos_id])
+        # The generated action ends with eos; the template's closing text starts with it.
+        self.closes_with_eos = after_action.startswith(eos_text)
+        if self.closes_with_eos:
+            after_action = after_action[len(eos_text) :]
+        self._next_prefix, self._next_suffix = after_action.split(self._USER2)
+
+    def _render(self, messages: list[dict], generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def first_turn(self, user_text: str) -> list[int]:
+        """System prompt (if the template adds one) + first user turn + generation prompt."""
+        return self.encode(self._render([{"role": "user", "content": user_text}], True))
+
+    def close_action(self, action_ids: list[int]) -> list[int]:
+        """The eos to append after an action that stopped at the token limit instead of at eos (else [])."""
+        if self.closes_with_eos and (not action_ids or action_ids[-1] != self.eos_id):
+            return [self.eos_id]
+        return []
+
+    def next_turn(self, user_text: str) -> list[int]:
+        """End of the assistant turn + the next user turn + generation prompt."""
+        return self.encode(self._next_prefix + user_text + self._next_suffix)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import importlib.metadata
+import importlib.util
 import json
 import logging
 import os
@@ -222,8 +223,11 @@ def _chat_end_ids(model, tokenizer) -> list[int]:
     return list(dict.fromkeys(i for i in ids if i is not None))
 
 
-def load_policy(cfg, device=None):
-    """(model, tokenizer) for `cfg` (a config.ModelConfig): LoRA-wrapped or fully trainable, in cfg.dtype.
+def load_policy(cfg, device=None, autocast_forward: bool = True):
+    """(model, tokenizer) for `cfg` (a config.ModelConfig): LoRA-wrapped or fully trainable, computing in cfg.dtype.
+
+    Full fine-tuning stores fp32 master weights and runs forwards under autocast(cfg.dtype) (autocast_forward=False
+    leaves the cast to the caller: FSDP's mixed-precision policy does it per layer, runtime.shard_model).
 
     The model's generation config is replaced by a neutral one holding only the special-token ids: a hub
     generation_config.json (Qwen's has top_k=20, repetition_penalty=1.05, temperature 0.7) would otherwise
@@ -235,9 +239,17 @@ def load_policy(cfg, device=None):
     path = resolve_model_path(cfg.name_or_path)
     if _looks_like_path(path) and not Path(path).expanduser().is_dir():
         raise _load_error(cfg.name_or_path, path, FileNotFoundError("no such folder"))
+    check_attention(cfg.attn_implementation)
+    compute_dtype = getattr(torch, cfg.dtype)
+    # Full fine-tuning keeps fp32 master weights (and fp32 AdamW state): a bf16 weight cannot take a 1e-6 step
+    # (bf16 has 8 bits of mantissa: 0.05 + 1e-6 == 0.05), so the paper's lr would change nothing. The forward
+    # passes still run in `model.dtype` (autocast below, or FSDP's mixed-precision policy). LoRA's frozen base
+    # stays in model.dtype (half the memory) and peft keeps the adapters in fp32.
+    weights_dtype = compute_dtype if cfg.lora else torch.float32
     try:
         tokenizer = load_tokenizer(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.dtype))
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=weights_dtype,
+                                                     attn_implementation=cfg.attn_implementation)
     except (OSError, ValueError) as err:
         raise _load_error(cfg.name_or_path, path, err) from None
 
@@ -277,10 +289,34 @@ def load_policy(cfg, device=None):
             param.requires_grad_(True)
     if device is not None:
         model.to(device)
+    if weights_dtype != compute_dtype and autocast_forward:
+        # Mixed precision for the fp32 master weights, as `accelerate.prepare` and HF Trainer do it: every forward
+        # (rollout, tips, log-probs, update) runs under autocast; backward and the optimizer see fp32 weights.
+        device_type = next(model.parameters()).device.type
+        model.forward = torch.autocast(device_type=device_type, dtype=compute_dtype)(model.forward)
     return model, tokenizer
 
 
+ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3")
+
+
+def check_attention(name: str) -> None:
+    """model.attn_implementation must be known, and flash-attention must be installed to be asked for."""
+    if name not in ATTENTION_IMPLEMENTATIONS:
+        raise ModelLoadError(f"model.attn_implementation={name!r} is not one of {list(ATTENTION_IMPLEMENTATIONS)}")
+    package = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface"}.get(name)
+    if package and importlib.util.find_spec(package) is None:
+        raise ModelLoadError(f"model.attn_implementation={name} needs the {package} package (pip install "
+                             f"flash-attn --no-build-isolation, on a CUDA machine); or use sdpa")
+
+
 # ----------------------------------------------------------------------------- checkpoints
+
+
+def _is_sharded(model) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
 
 
 def _is_peft(model) -> bool:
@@ -300,11 +336,21 @@ def trainable_state(model) -> dict[str, torch.Tensor]:
     return {name: tensor.detach().clone() for name, tensor in state.items()}
 
 
-def save_model(model, tokenizer, folder) -> None:
-    """Adapter only (adapter_config.json + adapter_model.safetensors) for LoRA, the full model otherwise."""
+def save_model(model, tokenizer, folder, full_state: dict | None = None) -> None:
+    """Adapter only (adapter_config.json + adapter_model.safetensors) for LoRA, the full model otherwise.
+
+    full_state: the gathered weights of an FSDP-sharded model (checkpoint.gather_states), written as a standard HF
+    folder (sharded safetensors + index, config, generation config) that `from_pretrained` loads unsharded."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder)
+    if full_state is None:
+        model.save_pretrained(folder)
+    else:
+        from huggingface_hub import save_torch_state_dict
+
+        save_torch_state_dict(full_state, folder)
+        model.config.save_pretrained(folder)
+        model.generation_config.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
 
 
@@ -332,9 +378,16 @@ def load_trainable(model, folder) -> None:
     loaded: set[str] = set()
     for file in files:
         state = load_file(file)
-        result = model.load_state_dict(state, strict=False)
-        if result.unexpected_keys:
-            raise ModelLoadError(f"{file} does not match this model: {result.unexpected_keys[:5]}")
+        unexpected = sorted(state.keys() - dict(model.named_parameters(remove_duplicate=False)).keys()
+                            - dict(model.named_buffers()).keys())
+        if unexpected:
+            raise ModelLoadError(f"{file} does not match this model: {unexpected[:5]}")
+        if _is_sharded(model):  # FSDP: each rank keeps its shard of the full tensors
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+        else:
+            model.load_state_dict(state, strict=False)
         loaded |= state.keys()
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded_ptrs = {params[k].data_ptr() for k in loaded if k in params}

@@ -7,7 +7,11 @@ One iteration's rollout (docs/algorithm.md):
   `rollout.kv_reuse` (default) each episode keeps its KV cache between turns, the group's shared first message is
   encoded once, and a step feeds only its new tokens (generation.py);
 * in memory modes the tips retrieved for the current observation are appended to that step's user message as a
-  `<tip>` block (memory.tip_block); the block stays in the history where it was retrieved;
+  `<tip>` block (memory.tip_block). `rollout.tip_placement: current_turn` (default) is the paper's
+  pi(a | s_t, u, tips_t): only the current turn carries tips, earlier turns appear without theirs, so each step has
+  its own context and is scored as its own sample; `history` keeps every block where it was retrieved (one packed
+  sequence per episode, but ~850 tokens more context per turn with 10 tips: docs/performance.md);
+* a task whose first message cannot leave room for its episode stops the run at the start (`check_first_turn`);
 * after every training episode the policy writes a one-sentence tip (`write_tips`, the released tip prompt);
   tips are never trained on: they are generated outside the episode stream.
 
@@ -30,9 +34,9 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from config import MODES, IntrinsicConfig, MemoryConfig, RolloutConfig
+from config import MODES, ConfigError, IntrinsicConfig, MemoryConfig, RolloutConfig
 from envs.base import Env, Task
-from generation import PrefixCache, generate, prefill, supports_kv_reuse
+from generation import ChatStream, PrefixCache, generate, prefill, supports_kv_reuse
 from memory import TipEntry, TipMemory, tip_block
 from runtime import derive_seed
 
@@ -58,66 +62,6 @@ def draw_mode(memory_cfg: MemoryConfig, seed: int, iteration: int) -> str:
     return MODES[-1]  # u within rounding of 1
 
 
-class ChatStream:
-    """Append-only token deltas from a tokenizer's chat template.
-
-    An episode's stream is `first_turn(obs_0)`, then per step: the action ids, `close_action(action)` and
-    `next_turn(obs_t)`. The deltas are derived once from the template by rendering sentinel conversations, so this
-    works for ChatML (Qwen, SmolLM2) and other templates that render turns additively."""
-
-    _USER1, _ASSISTANT1, _USER2 = "<<U1-sentinel>>", "<<A1-sentinel>>", "<<U2-sentinel>>"
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.eos_id = tokenizer.eos_token_id
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
-        first_turn = self._render([{"role": "user", "content": self._USER1}], True)
-        two_turns = self._render(
-            [
-                {"role": "user", "content": self._USER1},
-                {"role": "assistant", "content": self._ASSISTANT1},
-                {"role": "user", "content": self._USER2},
-            ],
-            True,
-        )
-        start = two_turns.find(self._ASSISTANT1)
-        if not two_turns.startswith(first_turn) or start < 0:
-            raise ValueError("cannot derive append-only turns from this chat template; use rollout.history_window >= 0")
-        # Everything the template puts after an assistant message, up to the next generation prompt. Templates that
-        # re-render past turns differently (e.g. Qwen3 drops empty <think> blocks) are fine: the stream keeps what
-        # the model actually saw and generated, it is never re-rendered.
-        after_action = two_turns[start + len(self._ASSISTANT1) :]
-        eos_text = tokenizer.decode([self.eos_id])
-        # The generated action ends with eos; the template's closing text starts with it.
-        self.closes_with_eos = after_action.startswith(eos_text)
-        if self.closes_with_eos:
-            after_action = after_action[len(eos_text) :]
-        self._next_prefix, self._next_suffix = after_action.split(self._USER2)
-
-    def _render(self, messages: list[dict], generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
-
-    def first_turn(self, user_text: str) -> list[int]:
-        """System prompt (if the template adds one) + first user turn + generation prompt."""
-        return self.encode(self._render([{"role": "user", "content": user_text}], True))
-
-    def close_action(self, action_ids: list[int]) -> list[int]:
-        """The eos to append after an action that stopped at the token limit instead of at eos (else [])."""
-        if self.closes_with_eos and (not action_ids or action_ids[-1] != self.eos_id):
-            return [self.eos_id]
-        return []
-
-    def next_turn(self, user_text: str) -> list[int]:
-        """End of the assistant turn + the next user turn + generation prompt."""
-        return self.encode(self._next_prefix + user_text + self._next_suffix)
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-
 @dataclass
 class StepPrompt:
     """History-window mode: one self-contained prompt per step."""
@@ -132,12 +76,16 @@ class Episode:
     task: Task
     group: int  # episodes with the same group id form one GRPO group
     mode: str
-    windowed: bool = False  # history-window mode: one StepPrompt per step instead of one packed stream
+    # "packed": one append-only stream (tip blocks stay where retrieved with rollout.tip_placement=history);
+    # "window": one self-contained StepPrompt per step (rollout.history_window >= 0);
+    # "current_turn": tips only in the current turn (rollout.tip_placement=current_turn, memory modes): the packed
+    # stream is tip-free and every step also keeps its own prompt = that stream + the turn with its tips.
+    layout: str = "packed"
     ids: list[int] = field(default_factory=list)  # full-history stream, with tips (what the model saw)
     mask: list[int] = field(default_factory=list)  # 1 on generated action tokens
     twin_ids: list[int] = field(default_factory=list)  # the same stream without tip blocks
     twin_mask: list[int] = field(default_factory=list)
-    steps: list[StepPrompt] = field(default_factory=list)  # history-window mode only
+    steps: list[StepPrompt] = field(default_factory=list)  # "window" and "current_turn" layouts
     observations: list[str] = field(default_factory=list)  # observation before each action
     actions: list[str] = field(default_factory=list)  # raw model outputs
     rewards: list[float] = field(default_factory=list)  # what the environment paid, per step
@@ -160,16 +108,19 @@ class Episode:
 
     def add_prompt(self, ids: list[int], twin_ids: list[int]) -> None:
         """Record the prompt of a new step (its tip and tip-free versions)."""
-        if self.windowed:
+        if self.layout == "window":
             self.steps.append(StepPrompt(ids=ids, twin_ids=twin_ids, action_ids=[]))
-        else:
-            self.extend(ids, twin_ids, action=False)
+            return
+        if self.layout == "current_turn":  # this step's context: the tip-free history + the turn with its tips
+            self.steps.append(StepPrompt(ids=self.ids + ids, twin_ids=self.twin_ids + twin_ids, action_ids=[]))
+            ids = twin_ids  # the packed stream keeps no tips
+        self.extend(ids, twin_ids, action=False)
 
     def add_action(self, action_ids: list[int]) -> None:
         """Record the generated action ids of the current step (the same ids in both streams)."""
-        if self.windowed:
+        if self.steps:
             self.steps[-1].action_ids = action_ids
-        else:
+        if self.layout != "window":
             self.extend(action_ids, action_ids, action=True)
         self.last_action_ids = action_ids
 
@@ -202,7 +153,8 @@ def generate_actions(model, chat: ChatStream, contexts: list[list[int]], caches=
 
 
 def full_history_turn(chat: ChatStream, ep: Episode, observation: str, block: str):
-    """(prompt delta, tip-free delta, model context) for the next turn of an append-only episode."""
+    """(prompt delta, tip-free delta, model context) for the next turn of an append-only episode. With the
+    "current_turn" layout `ep.ids` is tip-free, so the context holds only this turn's tips."""
     if not ep.ids:
         delta, twin_delta = chat.first_turn(observation + block), chat.first_turn(observation)
     else:
@@ -210,6 +162,23 @@ def full_history_turn(chat: ChatStream, ep: Episode, observation: str, block: st
         delta = closing + chat.next_turn(observation + block)
         twin_delta = closing + chat.next_turn(observation)
     return delta, twin_delta, ep.ids + delta
+
+
+class ContextBudgetError(ConfigError):
+    """A task's first message leaves no room for its episode within rollout.max_prompt_tokens."""
+
+
+def check_first_turn(chat: ChatStream, ep: Episode, observation: str, step_limit: int, cfg: RolloutConfig) -> None:
+    """Stop before playing when the tip-free first message + step_limit actions of max_action_tokens cannot fit:
+    such a run would otherwise produce near-empty "context"-truncated episodes and learn from nothing."""
+    first = len(chat.first_turn(observation))
+    need = first + max(1, step_limit) * cfg.max_action_tokens
+    if need > cfg.max_prompt_tokens:
+        raise ContextBudgetError(
+            f"task {ep.task.key}: the first message is {first} tokens; with {max(1, step_limit)} actions of up to "
+            f"{cfg.max_action_tokens} tokens an episode needs at least {need} > rollout.max_prompt_tokens="
+            f"{cfg.max_prompt_tokens}. Raise rollout.max_prompt_tokens (the model's context allows it?) or shorten "
+            f"the first message (e.g. fewer demos)")
 
 
 def window_turn(chat: ChatStream, env: Env, window: int, block: str):
@@ -265,10 +234,14 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
     novelty = counts_novelty(mode, memory, intrinsic)
     temperature = cfg.temperature if temperature is None else temperature
     windowed = cfg.history_window >= 0
+    layout = "window" if windowed else "current_turn" if use_tips and cfg.tip_placement == "current_turn" else "packed"
     own_pool = pool is None
     pool = pool or ThreadPoolExecutor(max_workers=max(1, len(tasks)))
-    episodes = [Episode(task=t, group=g, mode=mode, windowed=windowed) for t, g in zip(tasks, groups)]
+    episodes = [Episode(task=t, group=g, mode=mode, layout=layout) for t, g in zip(tasks, groups)]
     observations = list(pool.map(lambda pair: pair[0].reset(pair[1]), zip(envs, tasks)))
+    if not windowed:
+        for ep, env, observation in zip(episodes, envs, observations):
+            check_first_turn(chat, ep, observation, env.step_limit(ep.task), cfg)
     first_observations = list(observations)
     reached: list[list[str | None]] = [[] for _ in episodes]  # the state after each step (None: env crashed)
     reuse = kv_reuse_enabled(model, cfg)

@@ -1,6 +1,23 @@
-"""Process-level helpers shared by train.py and eval.py: the accelerator, object exchange between ranks, seeds.
+"""Process-level helpers shared by train.py and eval.py: the launch, sharding, object exchange between ranks, seeds.
 
+* `check_launch(model_cfg)`: what `accelerate launch` asked for (its config file and flags arrive as environment
+  variables), checked BEFORE anything is loaded: every supported option takes effect, every other one stops the
+  run with a one-line `LaunchError`. This trainer never calls `accelerator.prepare` (it needs control over
+  generation and over unequal per-rank work, see train.py), so nothing accelerate would do silently is allowed
+  to be skipped silently. Supported:
+    - processes / machines (`--num_processes`, `--num_machines`, `--multi_gpu`): data parallel, gradients
+      averaged by `train.all_reduce_gradients`;
+    - `mixed_precision` no | bf16 | fp16: the compute dtype (`model.dtype`); bf16/fp16 with fp32 master weights for
+      a full fine-tune (models.load_policy); a flag that contradicts `model.dtype` is an error;
+    - FSDP version 2 for a full fine-tune (`distributed_type: FSDP`, configs/accelerate/fsdp_8gpu.yaml): decoder
+      layers sharded with `fully_shard`, FULL_SHARD or SHARD_GRAD_OP, transformer-based wrapping, activation
+      checkpointing (= model.gradient_checkpointing), full state dicts.
+  Not supported (error): DeepSpeed, Megatron-LM, torch dynamo, fp8, accelerate's gradient accumulation (use
+  train.minibatches), FSDP version 1, CPU offload, hybrid/no sharding, size-based wrapping, sharded state dicts,
+  rank-0-only loading, FSDP with LoRA (LoRA is a few MB: data parallel is the right tool).
 * `make_accelerator()`: accelerate's `Accelerator`, on CPU a real gloo process group under torchrun.
+* `shard_model(model, ...)` and `full_weights(model)`: FSDP2 sharding, and the context in which generation and the
+  no-grad log-prob passes see whole layers (so ranks may run different numbers of forwards there).
 * `gather_objects(accelerator, obj)`: every rank's picklable `obj`, in rank order (one collective).
 * `derive_seed(*parts)`: the ONE way this project turns (seed, purpose, iteration, rank, ...) into an integer seed.
   Each random stream that must agree across ranks (the mode draw, the task rows) or be exactly reproducible on resume
@@ -9,17 +26,165 @@
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
+from dataclasses import dataclass
 
 import torch
+
+from config import ConfigError
+
+
+class LaunchError(ConfigError):
+    """An `accelerate launch` option this trainer does not support; the message names it and the alternative."""
+
+
+@dataclass
+class Launch:
+    fsdp: bool = False  # shard the model with FSDP2 (full fine-tune only)
+    reshard_after_forward: bool = True  # FULL_SHARD (True) or SHARD_GRAD_OP (False)
+    wrap_classes: tuple[str, ...] = ()  # decoder-layer class names to shard one by one ("" = the model's own list)
+
+
+def _flag(name: str, default: str = "false") -> str:
+    return os.environ.get(name, default).strip()
+
+
+def _true(name: str) -> bool:
+    return _flag(name).lower() in ("true", "1", "yes")
+
+
+_PRECISION = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def check_launch(model_cfg) -> Launch:
+    """Validate the accelerate launch options against `model_cfg` (a config.ModelConfig, updated in place where a
+    launch option decides a model setting); return what train.py must do. Raises LaunchError."""
+    if _true("ACCELERATE_USE_DEEPSPEED"):
+        raise LaunchError("DeepSpeed is not supported: for a sharded full fine-tune use "
+                          "--config_file configs/accelerate/fsdp_8gpu.yaml")
+    if _true("ACCELERATE_USE_MEGATRON_LM"):
+        raise LaunchError("Megatron-LM is not supported: use configs/accelerate/fsdp_8gpu.yaml")
+    if _flag("ACCELERATE_DYNAMO_BACKEND", "no").lower() not in ("no", ""):
+        raise LaunchError(f"dynamo_backend={_flag('ACCELERATE_DYNAMO_BACKEND')} is not supported (generation changes "
+                          f"shapes every step); set dynamo_backend: 'NO'")
+    steps = _flag("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "1")
+    if steps not in ("", "1"):
+        raise LaunchError(f"gradient_accumulation_steps={steps} is not supported: an optimiser step already "
+                          f"accumulates its mini-batch (train.minibatches, train.micro_batch_size)")
+    precision = _flag("ACCELERATE_MIXED_PRECISION", "no").lower()
+    if precision not in ("no", "bf16", "fp16"):
+        raise LaunchError(f"mixed_precision={precision} is not supported: use no, bf16 or fp16")
+    if precision in _PRECISION:
+        wanted = _PRECISION[precision]
+        if model_cfg.dtype == "float32":  # the flag takes effect: fp32 (master) weights, forwards in `wanted`
+            model_cfg.dtype = wanted
+        elif model_cfg.dtype != wanted:
+            raise LaunchError(f"mixed_precision={precision} contradicts model.dtype={model_cfg.dtype}; "
+                              f"drop the flag or set --model.dtype={wanted}")
+    if not _true("ACCELERATE_USE_FSDP"):
+        return Launch()
+    return _check_fsdp(model_cfg)
+
+
+def _check_fsdp(model_cfg) -> Launch:
+    if model_cfg.lora:
+        raise LaunchError("FSDP shards a full fine-tune; with model.lora=true launch data parallel instead "
+                          "(configs/accelerate/multi_gpu_8.yaml), or set --model.lora=false")
+    problems = {
+        "fsdp_version": (_flag("FSDP_VERSION", "1"), ("2",), "set fsdp_version: 2 (FSDP2, torch.distributed.fsdp."
+                                                              "fully_shard)"),
+        "fsdp_sharding_strategy": (_flag("FSDP_SHARDING_STRATEGY", "FULL_SHARD").upper(),
+                                   ("FULL_SHARD", "SHARD_GRAD_OP", "1", "2"), "use FULL_SHARD or SHARD_GRAD_OP"),
+        "fsdp_offload_params": (_flag("FSDP_OFFLOAD_PARAMS").lower(), ("false",), "CPU offload is not supported"),
+        "fsdp_auto_wrap_policy": (_flag("FSDP_AUTO_WRAP_POLICY", "TRANSFORMER_BASED_WRAP").upper(),
+                                  ("TRANSFORMER_BASED_WRAP",), "use TRANSFORMER_BASED_WRAP (one shard unit per "
+                                                               "decoder layer)"),
+        "fsdp_state_dict_type": (_flag("FSDP_STATE_DICT_TYPE", "FULL_STATE_DICT").upper(), ("FULL_STATE_DICT",),
+                                 "checkpoints are full HF folders: set FULL_STATE_DICT"),
+        "fsdp_cpu_ram_efficient_loading": (_flag("FSDP_CPU_RAM_EFFICIENT_LOADING").lower(), ("false",),
+                                           "every rank loads the checkpoint, then shards it: set false"),
+        "fsdp_forward_prefetch": (_flag("FSDP_FORWARD_PREFETCH").lower(), ("false",), "an FSDP1 option"),
+        "fsdp_activation_checkpointing_offload": (_flag("FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD").lower(), ("false",),
+                                                  "not supported"),
+    }
+    for key, (value, allowed, hint) in problems.items():
+        if value not in allowed:
+            raise LaunchError(f"FSDP option {key}={value} is not supported: {hint}")
+    if "FSDP_BACKWARD_PREFETCH" in os.environ:
+        raise LaunchError("FSDP option fsdp_backward_prefetch is an FSDP1 option: remove it")
+    if _true("FSDP_ACTIVATION_CHECKPOINTING"):
+        model_cfg.gradient_checkpointing = True  # the same thing, done by transformers on the unsharded model
+    names = tuple(n.strip() for n in _flag("FSDP_TRANSFORMER_CLS_TO_WRAP", "").split(",") if n.strip())
+    reshard = _flag("FSDP_RESHARD_AFTER_FORWARD", "").lower()
+    strategy = _flag("FSDP_SHARDING_STRATEGY", "FULL_SHARD").upper()
+    full_shard = reshard == "true" if reshard in ("true", "false") else strategy in ("FULL_SHARD", "1")
+    return Launch(fsdp=True, reshard_after_forward=full_shard, wrap_classes=names)
 
 
 def make_accelerator():
     from accelerate import Accelerator
 
     # Under torchrun on a machine without a GPU a plain Accelerator() gives independent single-process runs;
-    # cpu=True gives a real gloo process group (docs/performance.md, "several processes on CPU").
-    return Accelerator(cpu=not torch.cuda.is_available())
+    # cpu=True gives a real gloo process group (docs/performance.md, "several processes on CPU"). Mixed precision
+    # is ours to apply (check_launch), so the Accelerator is told "no" whatever the launcher said.
+    return Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="no")
+
+
+# ----------------------------------------------------------------------------- FSDP2
+
+
+def shard_model(model, compute_dtype: torch.dtype, launch: Launch):
+    """Shard a fully trainable model over all ranks with FSDP2: every decoder layer is one unit (its parameters
+    all-gathered just before it runs, freed after), the rest (embeddings, final norm, LM head) is the root unit.
+    Parameters, gradients and AdamW state stay fp32 shards; each layer computes in `compute_dtype` and gradients
+    are reduced in fp32 (MixedPrecisionPolicy). Returns the same module object, now an FSDPModule."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    names = set(launch.wrap_classes or getattr(model, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise LaunchError(f"FSDP: no module of class {sorted(names)} in {type(model).__name__}; set "
+                          f"fsdp_transformer_layer_cls_to_wrap to its decoder layer class")
+    policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    for layer in layers:
+        fully_shard(layer, mp_policy=policy, reshard_after_forward=launch.reshard_after_forward)
+    fully_shard(model, mp_policy=policy, reshard_after_forward=launch.reshard_after_forward)
+    model.empo2_reshard_after_forward = launch.reshard_after_forward  # restored by full_weights
+    return model
+
+
+def is_sharded(model) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+@contextlib.contextmanager
+def full_weights(model):
+    """Inside: every FSDP unit holds its whole (compute-dtype) parameters, so forwards need no collective and ranks
+    may run different numbers of them (generation: episodes end at different steps on different ranks; the
+    old log-probs: ranks hold different numbers of samples). Costs one all-gather per layer on entry and the
+    memory of the unsharded model in the compute dtype (7B in bf16: 15 GB). A no-op without FSDP."""
+    if not is_sharded(model):
+        yield model
+        return
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for unit in units:
+        unit.set_reshard_after_forward(False, recurse=False)
+        unit.unshard()
+    try:
+        yield model
+    finally:
+        for unit in units:
+            unit.reshard()
+            unit.set_reshard_after_forward(model.empo2_reshard_after_forward, recurse=False)
+
+
+# ----------------------------------------------------------------------------- exchange and seeds
 
 
 def gather_objects(accelerator, obj) -> list:

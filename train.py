@@ -1,6 +1,7 @@
-"""EMPO² / GRPO training loop: accelerate + peft LoRA, 1..8 processes (paper Algorithm 1).
+"""EMPO² / GRPO training loop: accelerate + peft LoRA or full fine-tuning (FSDP), 1..8 GPUs (paper Algorithm 1).
 
     accelerate launch train.py --config configs/scienceworld_empo2.yaml [--section.key=value ...]
+    accelerate launch --config_file configs/accelerate/fsdp_8gpu.yaml train.py --config ... --model.lora=false
     python train.py --config configs/quickstart.yaml --output_dir=runs/quick
     torchrun --nproc_per_node 2 train.py --config ...          (multi-process on CPU, gloo)
 
@@ -14,11 +15,14 @@ One iteration (paper Algorithm 1; docs/algorithm.md):
     AdamW. A non-finite loss or gradient norm on any rank skips that optimiser step on every rank (logged).
 The GRPO baseline is this loop with `memory.enabled: false`. `python train.py --help` lists every config key.
 
-Multi-process design: the model is NOT wrapped in DDP. Ranks can hold different numbers of samples (episodes
-truncate differently, window mode has one sample per step), so micro-batch counts differ between ranks and DDP's
-per-backward hooks would deadlock; instead each rank accumulates its mini-batch gradient and the trainable
-gradients are averaged with one `accelerator.reduce` per optimiser step, weighted by the ranks' sample counts.
-For LoRA this is a few MB per step. Generation also runs on the plain module this way.
+Multi-process design (runtime.py checks the launch options first). Data parallel (LoRA, or a full fine-tune that
+fits one GPU): the model is NOT wrapped in DDP. Ranks can hold different numbers of samples (episodes truncate
+differently, window mode has one sample per step), so micro-batch counts differ between ranks and DDP's
+per-backward hooks would deadlock; instead each rank accumulates its share of the mini-batch gradient and the
+gradients are summed with bucketed `accelerator.reduce` calls per optimiser step. For LoRA this is a few MB.
+FSDP (full fine-tune of 7B on 8 GPUs, configs/accelerate/fsdp_8gpu.yaml): every decoder layer is sharded; rollout,
+tips and old log-probs run inside `full_weights` (whole layers, no collectives, so ranks may generate different
+lengths); the update pads ranks to equal numbers of micro-batches with zero-weight ones.
 
 Outputs in `output_dir`: metrics.jsonl (one line per iteration), tb/ (TensorBoard), metrics.png, config.yaml,
 ranks.json, checkpoints/iter_XXXXXX/ and `--resume` (metrics.py, checkpoint.py).
@@ -43,50 +47,67 @@ from losses import compute_old_logprobs, group_advantages, length_buckets, padde
 from memory import TipMemory, make_scorer
 from metrics import EpisodeStats, MetricsLogger, merge_rank_metrics, plot_metrics
 from models import ModelLoadError, load_policy
-from rollout import (ChatStream, advantage_return, build_samples, draw_mode, intrinsic_return, run_episodes,
+from rollout import (ChatStream, Sample, advantage_return, build_samples, draw_mode, intrinsic_return, run_episodes,
                      write_tips)
-from runtime import derive_seed, gather_objects, make_accelerator
+from runtime import check_launch, derive_seed, full_weights, gather_objects, make_accelerator, shard_model
 
 
 # ----------------------------------------------------------------------------- the update
 
 
-def update(model, optimizer, samples, cfg: Config, accelerator, mode: str, pad_id: int, rng: random.Random) -> dict:
-    """`train.epochs` passes of `train.minibatches` optimiser steps over this rank's samples."""
+def update(model, optimizer, samples, cfg: Config, accelerator, mode: str, pad_id: int, rng: random.Random,
+           sharded: bool = False) -> dict:
+    """`train.epochs` passes of `train.minibatches` optimiser steps over this rank's samples.
+
+    Mini-batch k is the union of every rank's k-th chunk; its gradient is the mean over all its samples, whichever
+    rank holds them (ranks hold different numbers: episodes truncate differently, windowed episodes have one sample
+    per step). Each rank weights its micro-batch losses by len(micro) / (samples in the global mini-batch), so a
+    SUM over ranks gives that mean: `all_reduce_gradients` sums for data parallel; FSDP's reduce-scatter averages,
+    hence the extra factor world. Under FSDP every forward/backward is a collective, so every rank runs as many
+    micro-batches as the busiest one, padding with zero-weight micro-batches (`padding_sample`)."""
     params = [p for p in model.parameters() if p.requires_grad]
     lowprob = cfg.loss.lowprob_mask if mode in cfg.loss.lowprob_mask_modes else "none"
+    world = accelerator.num_processes
     sums: dict[str, float] = {}
     weight, ratio_max, steps, skipped, grad_norms = 0.0, 0.0, 0, 0, []
-    pad, positions = 0, 0
+    pad, positions, padding_passes = 0, 0, 0
     model.train()
     for _ in range(cfg.train.epochs):
         order = list(range(len(samples)))
         rng.shuffle(order)
         for chunk in np.array_split(np.array(order, dtype=int), cfg.train.minibatches):
             chunk = [samples[i] for i in chunk]
-            optimizer.zero_grad(set_to_none=False)
-            finite = True
             lengths = [len(s.ids) for s in chunk]
-            buckets = length_buckets(lengths, cfg.train.micro_batch_size)  # the random split decides the step,
-            n_pad, n_all = padded_tokens(lengths, buckets)  # length order only the padding within it
+            # The random split decides the step; the length order (buckets) only the padding within it.
+            buckets = length_buckets(lengths, cfg.train.micro_batch_size)
+            total, passes = minibatch_shape(len(chunk), len(buckets), accelerator, sharded)
+            if total == 0:  # no rank has a sample for this mini-batch: nothing to learn, no step
+                continue
+            n_pad, n_all = padded_tokens(lengths, buckets)
             pad, positions = pad + n_pad, positions + n_all
-            for bucket in buckets:
-                micro = [chunk[i] for i in bucket]
+            optimizer.zero_grad(set_to_none=False)
+            for k in range(passes):
+                real = k < len(buckets)
+                micro = [chunk[i] for i in buckets[k]] if real else [padding_sample(pad_id)]
                 loss, metrics = samples_loss(model, micro, pad_id, accelerator.device, cfg.loss, lowprob)
-                if not torch.isfinite(loss):
-                    finite = False
-                    break
-                (loss * len(micro) / len(chunk)).backward()
+                share = len(micro) / total if real else 0.0
+                # A non-finite loss still goes through backward: its NaN reaches every rank's gradient norm (through
+                # the all-reduce or FSDP's reduce-scatter), so every rank skips this step, and FSDP's collectives
+                # stay matched.
+                (loss * (share * world if sharded else share)).backward()
+                padding_passes += not real
+                if not real or not torch.isfinite(loss):
+                    continue
                 for key, value in metrics.items():
                     sums[key] = sums.get(key, 0.0) + value * len(micro)
                 sums["loss"] = sums.get("loss", 0.0) + loss.item() * len(micro)
                 ratio_max = max(ratio_max, metrics["ratio_max"])
                 weight += len(micro)
-            finite, global_count = all_reduce_gradients(params, len(chunk), finite, accelerator)
-            if global_count == 0:  # no rank had a sample for this mini-batch: nothing to learn, no step
-                continue
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.train.max_grad_norm) if finite else None
-            if not finite or not torch.isfinite(grad_norm):
+            if not sharded:
+                all_reduce_gradients(params, accelerator)
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.train.max_grad_norm)
+            grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: DTensor
+            if not torch.isfinite(grad_norm):
                 optimizer.zero_grad(set_to_none=False)  # never let NaN/inf reach the weights
                 skipped += 1
                 continue
@@ -96,32 +117,49 @@ def update(model, optimizer, samples, cfg: Config, accelerator, mode: str, pad_i
     out = {key: value / max(weight, 1.0) for key, value in sums.items()}
     out.update(ratio_max=ratio_max, optimizer_steps=float(steps), skipped_updates=float(skipped),
                grad_norm=float(np.mean(grad_norms)) if grad_norms else 0.0, samples=float(len(samples)),
-               action_tokens=sums.get("action_tokens", 0.0), padding_frac=pad / max(positions, 1))
+               action_tokens=sums.get("action_tokens", 0.0), padding_frac=pad / max(positions, 1),
+               padding_passes=float(padding_passes))
     return out
 
 
-def all_reduce_gradients(params, n_local: int, finite: bool, accelerator) -> tuple[bool, int]:
-    """Sample-weighted mean of the gradients over ranks.
+def minibatch_shape(n_local: int, n_micro: int, accelerator, sharded: bool) -> tuple[int, int]:
+    """(samples in the global mini-batch, forward/backward passes this rank runs): its own micro-batches, or under
+    FSDP the largest number any rank has. One small all-gather per mini-batch."""
+    if accelerator.num_processes == 1:
+        return n_local, n_micro
+    counts = accelerator.gather(torch.tensor([[n_local, n_micro]], device=accelerator.device)).reshape(-1, 2)
+    return int(counts[:, 0].sum().item()), int(counts[:, 1].max().item()) if sharded else n_micro
 
-    Returns (every rank's loss was finite, total number of samples in this mini-batch over all ranks)."""
-    for p in params:  # a rank without samples has no gradient yet; it still takes part in the reduce
+
+def padding_sample(pad_id: int) -> Sample:
+    """A 2-token sample with one action token and advantage 0: the cheapest forward/backward FSDP can match."""
+    return Sample(ids=[pad_id, pad_id], mask=[0, 1], old_ids=[pad_id, pad_id], old_mask=[0, 1], advantages=[0.0],
+                  old_logp=[0.0])
+
+
+def all_reduce_gradients(params, accelerator, bucket_elements: int = 1 << 26) -> None:
+    """Sum the gradients over ranks (each rank's loss already carries its share of the global mini-batch).
+
+    Flat fp32 buckets of at most `bucket_elements` (256 MB), so a full fine-tune never builds one buffer of every
+    gradient (28 GB for 7B). A rank without samples has no gradient yet; it still takes part with zeros."""
+    for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
     if accelerator.num_processes == 1:
-        return finite, n_local
-    flat = torch.cat([p.grad.reshape(-1).float() for p in params]) * n_local
-    header = torch.tensor([float(n_local), 0.0 if finite else 1.0], device=flat.device)
-    total = accelerator.reduce(torch.cat([header, flat]), reduction="sum")
-    count, bad = int(total[0].item()), total[1].item()
-    if bad > 0 or count == 0:
-        return bad == 0, count
-    flat = total[2:] / count
-    offset = 0
+        return
+    buckets, size = [[]], 0
     for p in params:
-        n = p.grad.numel()
-        p.grad.copy_(flat[offset : offset + n].view_as(p.grad).to(p.grad.dtype))
-        offset += n
-    return True, count
+        if buckets[-1] and size + p.numel() > bucket_elements:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(p)
+        size += p.numel()
+    for bucket in buckets:
+        flat = accelerator.reduce(torch.cat([p.grad.reshape(-1).float() for p in bucket]), reduction="sum")
+        offset = 0
+        for p in bucket:
+            p.grad.copy_(flat[offset : offset + p.numel()].view_as(p.grad).to(p.grad.dtype))
+            offset += p.numel()
 
 
 def iteration_tasks(train_tasks: list, count: int, seed: int, iteration: int) -> list:
@@ -141,6 +179,7 @@ def iteration_tasks(train_tasks: list, count: int, seed: int, iteration: int) ->
 def train(cfg: Config) -> dict:
     from tqdm.auto import tqdm
 
+    launch = check_launch(cfg.model)  # before anything loads: an unsupported launch option stops here
     accelerator = make_accelerator()
     rank, world = accelerator.process_index, accelerator.num_processes
     if cfg.rollout.tasks_per_iteration % world:
@@ -151,13 +190,15 @@ def train(cfg: Config) -> dict:
     out_dir = Path(cfg.output_dir)
     if accelerator.is_main_process:
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        (out_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))  # as the launch set it
     random.seed(cfg.train.seed + rank)
     np.random.seed(cfg.train.seed + rank)
     torch.manual_seed(cfg.train.seed)  # same init (LoRA) on every rank
 
     with accelerator.main_process_first():  # rank 0 converts/downloads the model once
-        model, tokenizer = load_policy(cfg.model, device=accelerator.device)
+        model, tokenizer = load_policy(cfg.model, device=accelerator.device, autocast_forward=not launch.fsdp)
+    if launch.fsdp:  # after loading (every rank holds the same fp32 weights), before the optimizer sees them
+        shard_model(model, getattr(torch, cfg.model.dtype), launch)
     chat = ChatStream(tokenizer)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.train.lr,
                                   weight_decay=cfg.train.weight_decay)
@@ -197,14 +238,16 @@ def train(cfg: Config) -> dict:
 
         t0 = time.perf_counter()
         model.eval()
-        episodes = run_episodes(model, chat, envs, tasks, groups, mode=mode, memory=memory, cfg=cfg.rollout,
-                                intrinsic=cfg.intrinsic, pool=threads, progress=bar, keep_caches=cfg.memory.enabled)
-        t1 = time.perf_counter()
+        with full_weights(model):  # FSDP: whole layers while ranks generate different numbers of tokens
+            episodes = run_episodes(model, chat, envs, tasks, groups, mode=mode, memory=memory, cfg=cfg.rollout,
+                                    intrinsic=cfg.intrinsic, pool=threads, progress=bar,
+                                    keep_caches=cfg.memory.enabled)
+            t1 = time.perf_counter()
 
-        # 3. Tips: the policy reflects on every episode; all ranks apply every rank's tips in rank order.
-        tip_stats = {"tips_written": 0.0, "tips_empty": 0.0}
-        if cfg.memory.enabled:
-            tip_stats = write_tips(model, chat, episodes, memory, cfg.rollout)
+            # 3. Tips: the policy reflects on every episode; all ranks apply every rank's tips in rank order.
+            tip_stats = {"tips_written": 0.0, "tips_empty": 0.0}
+            if cfg.memory.enabled:
+                tip_stats = write_tips(model, chat, episodes, memory, cfg.rollout)
         if memory is not None:
             memory.sync(lambda obj: gather_objects(accelerator, obj), rank)
         t2 = time.perf_counter()
@@ -213,10 +256,12 @@ def train(cfg: Config) -> dict:
         returns = [advantage_return(ep, cfg.intrinsic) for ep in episodes]
         advantages = group_advantages(returns, [ep.group for ep in episodes], cfg.loss.advantage_eps)
         samples = build_samples(episodes, advantages, off_policy_old_logp=cfg.loss.off_policy_old_logp)
-        old_pad, old_positions = compute_old_logprobs(model, samples, chat.pad_id, accelerator.device,
-                                                      cfg.train.micro_batch_size)
+        with full_weights(model):  # the same compute-dtype weights the update's forwards gather layer by layer
+            old_pad, old_positions = compute_old_logprobs(model, samples, chat.pad_id, accelerator.device,
+                                                          cfg.train.micro_batch_size)
         update_rng = random.Random(derive_seed(cfg.train.seed, "minibatches", iteration, rank))  # resume-exact
-        update_metrics = update(model, optimizer, samples, cfg, accelerator, mode, chat.pad_id, update_rng)
+        update_metrics = update(model, optimizer, samples, cfg, accelerator, mode, chat.pad_id, update_rng,
+                                sharded=launch.fsdp)
         update_metrics["old_logp_padding_frac"] = old_pad / max(old_positions, 1)
         t3 = time.perf_counter()
 
@@ -227,8 +272,9 @@ def train(cfg: Config) -> dict:
                   "time_rollout": t1 - t0, "time_tips": t2 - t1, "time_update": t3 - t2}
         if cfg.train.eval_every and (iteration % cfg.train.eval_every == 0 or iteration == cfg.train.iterations):
             t4 = time.perf_counter()
-            val = evaluate(model, chat, envs, test_tasks, cfg, accelerator=accelerator, pool=threads,
-                           episodes_per_task=cfg.train.eval_episodes_per_task)
+            with full_weights(model):
+                val = evaluate(model, chat, envs, test_tasks, cfg, accelerator=accelerator, pool=threads,
+                               episodes_per_task=cfg.train.eval_episodes_per_task)
             record.update(val_return_mean=val["return_mean"], val_success_rate=val["success_rate"],
                           time_eval=time.perf_counter() - t4)
         logger.log(record)
@@ -268,7 +314,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"config error: {err}")
     try:
         train(cfg)
-    except (ConfigError, ModelLoadError, FileNotFoundError) as err:  # bad input: one clear line, no traceback
+    except (ConfigError, ModelLoadError, FileNotFoundError) as err:  # bad input (or launch): one line, no traceback
         sys.exit(f"error: {err}")
 
 

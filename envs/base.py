@@ -89,5 +89,9 @@ class Env(abc.ABC):
         (action, observation) pairs. Used when `rollout.history_window >= 0` (one sample per step)."""
         raise NotImplementedError(f"{type(self).__name__} does not support history-window prompts")
 
+    def step_limit(self, task: Task) -> int:
+        """Most actions an episode of `task` may take (0 = unknown); bounds the context an episode can need."""
+        return 0
+
     def close(self) -> None:
         """Release external resources (processes, files)."""

@@ -344,6 +344,9 @@ class SanityEnv(Env):
         """(cleaned model action, observation) pairs of the current episode."""
         return list(self._history)
 
+    def step_limit(self, task: Task) -> int:
+        return 1 if task.name == "pick" else self.cfg.max_steps
+
     def window_prompt(self, window: int) -> str:
         if self._task is None:
             raise RuntimeError("window_prompt() called before reset()")

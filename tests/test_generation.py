@@ -118,7 +118,8 @@ def action_runs(ep) -> list[list[int]]:
 
 
 @pytest.mark.slow
-def test_rollout_with_kv_reuse_matches_reencoding_on_the_sanity_env(policy):
+@pytest.mark.parametrize("placement", ["history", "current_turn"])
+def test_rollout_with_kv_reuse_matches_reencoding_on_the_sanity_env(policy, placement):
     from envs.sanity import SanityConfig, SanityEnv
 
     model, tokenizer = policy
@@ -128,10 +129,13 @@ def test_rollout_with_kv_reuse_matches_reencoding_on_the_sanity_env(policy):
     train = envs[0].tasks("train")
     tasks, groups = [train[0]] * 2 + [train[1]] * 2, [0, 0, 1, 1]
     tips = [TipEntry(tip="Connect the wire before pressing the button.", action="connect", ret=50.0)]
-    cfg = RolloutConfig(max_action_tokens=6, max_prompt_tokens=2048, tip_max_tokens=12)
+    cfg = RolloutConfig(max_action_tokens=6, max_prompt_tokens=2048, tip_max_tokens=12, tip_placement=placement)
     out = play_both_ways(model, chat, envs, tasks, groups, cfg, mode="on_policy_tips", memory_entries=tips)
     assert out[True] == out[False]
-    assert all(out[True][2]) and all("<tip>" in chat.decode(ids) for ids in out[True][0])  # tips in the prompt
+    # Tips in the prompt: in every turn of the packed stream, or in each step's own context (current_turn: the
+    # cache then reuses only the tip-free history, the previous turn's block is dropped).
+    prompts = out[True][0] if placement == "history" else [ids for steps in out[True][1] for ids in steps]
+    assert all(out[True][2]) and prompts and all("<tip>" in chat.decode(ids) for ids in prompts)
 
 
 @pytest.mark.slow

@@ -6,18 +6,19 @@ from config import IntrinsicConfig, MemoryConfig, RolloutConfig
 from envs.base import Task
 from losses import clipped_policy_loss, sequence_action_logprobs
 from memory import TipEntry, TipMemory, tip_block
-from rollout import (ChatStream, Episode, Sample, advantage_return, build_samples, draw_mode, generate_actions,
+from rollout import (ChatStream, ContextBudgetError, Episode, Sample, advantage_return, build_samples, draw_mode, generate_actions,
                      intrinsic_return, pay_novelty, per_step_samples, run_episodes, write_tips)
 
 
 
-def play(policy, env_cls, mode, memory, n=2, window=-1, max_steps=3, intrinsic=None):
+def play(policy, env_cls, mode, memory, n=2, window=-1, max_steps=3, intrinsic=None, placement="history"):
     model, tokenizer = policy
     chat = ChatStream(tokenizer)
     envs = [env_cls(max_steps) for _ in range(n)]
     tasks = [Task("rooms", 0)] * n
     torch.manual_seed(1)
-    cfg = RolloutConfig(max_action_tokens=8, max_prompt_tokens=4000, temperature=1.0, history_window=window)
+    cfg = RolloutConfig(max_action_tokens=8, max_prompt_tokens=4000, temperature=1.0, history_window=window,
+                        tip_placement=placement)
     eps = run_episodes(model, chat, envs, tasks, [0] * n, mode=mode, memory=memory, cfg=cfg, intrinsic=intrinsic)
     return chat, eps
 
@@ -151,6 +152,59 @@ def test_history_window_mode_one_sample_per_step(policy, rooms_env):
     assert chat.decode(ep.steps[1].twin_ids).count("Observation:") == 1
     samples = build_samples(eps, [1.0, 1.0])
     assert len(samples) == 6 and samples[0].ids[-len(ep.steps[0].action_ids):] == ep.steps[0].action_ids
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("old_context", ["with_tips", "without_tips"])
+def test_current_turn_placement_shows_only_this_turns_tips(policy, rooms_env, old_context):
+    """The paper's pi(a | s_t, u, tips_t): step t sees the tip-free history + its own tip block; one sample per step."""
+    chat, eps = play(policy, rooms_env, "off_policy", filled_memory(), placement="current_turn")
+    ep = eps[0]
+    assert ep.layout == "current_turn" and len(ep.steps) == 3
+    prompts = chat.decode([i for i, m in zip(ep.ids, ep.mask) if not m])  # (a sampled action may echo "<tip>")
+    assert ep.ids == ep.twin_ids and "<tip>" not in prompts  # the packed stream keeps no tips
+    for t, step in enumerate(ep.steps):
+        # Both prompts continue the tip-free history exactly as it was before step t; then comes this turn.
+        before = len(ep.steps[t - 1].twin_ids) + len(ep.steps[t - 1].action_ids) if t else 0
+        assert step.ids[:before] == step.twin_ids[:before] == ep.twin_ids[:before]
+        assert chat.decode(step.ids[before:]).count("Here are some memories") == 1  # this turn's block only
+        assert "<tip>" not in chat.decode(step.twin_ids[before:])
+        assert step.twin_ids == ep.twin_ids[: len(step.twin_ids)]
+        assert ep.twin_ids[len(step.twin_ids) : len(step.twin_ids) + len(step.action_ids)] == step.action_ids
+    samples = build_samples(eps[:1], [0.5], off_policy_old_logp=old_context)
+    assert len(samples) == 3
+    for sample, step in zip(samples, ep.steps):
+        assert sample.ids == step.twin_ids + step.action_ids  # the update scores the tip-free context
+        want_old = step.ids if old_context == "with_tips" else step.twin_ids
+        assert sample.old_ids == want_old + step.action_ids
+        assert sum(sample.mask) == sum(sample.old_mask) == len(step.action_ids)
+
+
+@pytest.mark.slow
+def test_current_turn_placement_needs_less_context_than_history(policy, rooms_env):
+    _, history = play(policy, rooms_env, "on_policy_tips", filled_memory(), placement="history")
+    _, current = play(policy, rooms_env, "on_policy_tips", filled_memory(), placement="current_turn")
+    block = len(current[0].steps[-1].ids) - len(current[0].steps[-1].twin_ids)  # one block (+ its text)
+    assert block > 0
+    # History carries all three blocks at the last step, current_turn only one.
+    last_history = len(history[0].ids) - len(history[0].last_action_ids)
+    assert len(current[0].steps[-1].ids) < last_history
+
+
+@pytest.mark.slow
+def test_a_first_message_without_room_for_the_episode_stops_at_start(policy, rooms_env):
+    model, tokenizer = policy
+    chat = ChatStream(tokenizer)
+    env = rooms_env(3)
+    first = len(chat.first_turn(env.reset(Task("rooms", 0))))
+    env.step_limit = lambda task: 3  # 3 actions of 8 tokens must fit after the first message
+    cfg = RolloutConfig(max_action_tokens=8, max_prompt_tokens=first + 3 * 8 - 1)
+    with pytest.raises(ContextBudgetError, match=f"first message is {first} tokens.*{first + 24} > "
+                                                 f"rollout.max_prompt_tokens={first + 23}"):
+        run_episodes(model, chat, [env], [Task("rooms", 0)], [0], mode="no_memory", memory=None, cfg=cfg)
+    cfg.max_prompt_tokens = first + 3 * 8  # exactly enough: it plays
+    eps = run_episodes(model, chat, [env], [Task("rooms", 0)], [0], mode="no_memory", memory=None, cfg=cfg)
+    assert eps[0].num_actions >= 1
 
 
 @pytest.mark.slow

@@ -192,6 +192,9 @@ class ScienceWorldEnv(Env):
     def max_steps_for(self, name: str) -> int:
         return int(self.cfg.max_steps_per_task.get(name, self.cfg.max_steps))
 
+    def step_limit(self, task: Task) -> int:
+        return self.max_steps_for(task.name)
+
     # ------------------------------------------------------------------ episodes
 
     def reset(self, task: Task) -> str:
