@@ -29,6 +29,7 @@ ranks.json, checkpoints/iter_XXXXXX/ and `--resume` (metrics.py, checkpoint.py).
 """
 from __future__ import annotations
 
+import os
 import random
 import sys
 import time
@@ -315,6 +316,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         train(cfg)
     except (ConfigError, ModelLoadError, FileNotFoundError) as err:  # bad input (or launch): one line, no traceback
+        if isinstance(err, ConfigError) and os.environ.get("RANK", "0") != "0":
+            sys.exit(1)  # every rank found the same config problem: rank 0 says it once
         sys.exit(f"error: {err}")
 
 

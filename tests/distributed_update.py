@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from config import Config  # noqa: E402
 from losses import compute_old_logprobs  # noqa: E402
 from rollout import Sample  # noqa: E402
-from runtime import Launch, full_weights, make_accelerator, shard_model  # noqa: E402
+from runtime import Launch, full_weights, gather_objects, make_accelerator, shard_model  # noqa: E402
 from train import update  # noqa: E402
 
 VOCAB, PAD = 97, 0
@@ -68,8 +68,9 @@ def main(mode: str, out_file: str) -> None:
                      sharded=mode == "fsdp")
     state = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for n, p in
              model.named_parameters()}
+    padding = gather_objects(accelerator, metrics["padding_passes"])  # zero-weight micro-batches, per rank
     if accelerator.is_main_process:
-        torch.save({"weights": state, "metrics": metrics}, out_file)
+        torch.save({"weights": state, "metrics": metrics, "padding_passes": padding}, out_file)
     accelerator.wait_for_everyone()
 
 

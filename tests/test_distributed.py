@@ -1,0 +1,189 @@
+"""Several processes on CPU (gloo): the sample-weighted update of 2 ranks equals 1 process, through data parallel
+and through FSDP2; `accelerate launch` with the shipped FSDP config trains, checkpoints and resumes; launch options
+this trainer does not support stop with one line (runtime.check_launch)."""
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from config import ModelConfig
+from runtime import LaunchError, check_launch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = str(ROOT / "tests" / "distributed_update.py")
+ACCELERATE = str(Path(sys.executable).with_name("accelerate"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "FSDP_"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    return env
+
+
+def run(cmd: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=timeout)
+    return proc
+
+
+# ----------------------------------------------------------------------------- the update over 2 ranks
+
+
+@pytest.fixture(scope="module")
+def updates(tmp_path_factory):
+    out = tmp_path_factory.mktemp("updates")
+    results = {}
+    for mode in ("single", "dp", "fsdp"):
+        file = out / f"{mode}.pt"
+        launcher = [sys.executable] if mode == "single" else [
+            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}"]
+        proc = run(launcher + [SCRIPT, mode, str(file)])
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results[mode] = torch.load(file, weights_only=False)
+    return results
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["dp", "fsdp"])
+def test_two_ranks_with_unequal_samples_update_like_one_process(updates, mode):
+    """Rank 0 holds 3 samples, rank 1 holds 2: the weights after the step equal the 1-process step on all 5."""
+    single, multi = updates["single"]["weights"], updates[mode]["weights"]
+    change = max((single[k] - multi[k]).abs().max().item() for k in single)
+    assert change < 1e-6, f"{mode} differs from one process by {change}"
+    from distributed_update import tiny_model
+
+    initial = dict(tiny_model().named_parameters())
+    moved = max((single[k] - initial[k]).abs().max().item() for k in single)
+    assert moved > 1e-2  # SGD moved the weights: the equality is not between two untouched models
+    if mode == "fsdp":  # rank 1 ran one zero-weight padding micro-batch to match rank 0's three
+        assert updates[mode]["padding_passes"] == [0.0, 1.0]
+
+
+# ----------------------------------------------------------------------------- accelerate launch, FSDP
+
+
+def launch_config(tmp_path, name="fsdp_8gpu.yaml", **changes) -> str:
+    """A shipped accelerate config made runnable here: 2 CPU processes, fp32 (bf16 is 6x slower on this CPU)."""
+    cfg = yaml.safe_load((ROOT / "configs" / "accelerate" / name).read_text())
+    cfg.update(num_processes=2, use_cpu=True, mixed_precision="no", main_process_port=free_port())
+    for key, value in changes.items():
+        section, _, field = key.rpartition(".")
+        (cfg[section] if section else cfg)[field] = value
+    file = tmp_path / f"accelerate_{len(list(tmp_path.glob('accelerate_*')))}.yaml"
+    file.write_text(yaml.safe_dump(cfg))
+    return str(file)
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    """A tiny random Qwen2 in a plain HF folder with the SmolLM2 tokenizer (a 7B folder's code path)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from models import SMOLLM2_ALIAS, load_tokenizer, resolve_model_path
+
+    folder = tmp_path_factory.mktemp("tiny")
+    tokenizer = load_tokenizer(resolve_model_path(SMOLLM2_ALIAS))
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    Qwen2ForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+TRAIN_ARGS = ["--config", "configs/sanity_empo2.yaml", "--model.lora=false", "--train.save_every=1",
+              "--train.eval_every=2", "--train.eval_tasks=1", "--rollout.group_size=2", "--rollout.tip_max_tokens=6",
+              "--rollout.max_action_tokens=6", "--env.sanity.max_steps=2", "--train.tensorboard=false",
+              "--memory.p_no_memory=0", "--memory.p_on_policy_tips=0", "--memory.p_off_policy=1"]
+
+
+@pytest.mark.slow
+def test_fsdp_launch_trains_checkpoints_and_resumes(tmp_path, tiny_folder):
+    config = launch_config(tmp_path)
+    out = tmp_path / "run"
+    args = TRAIN_ARGS + [f"--model.name_or_path={tiny_folder}", f"--output_dir={out}"]
+    first = run([ACCELERATE, "launch", "--config_file", config, "train.py", *args, "--train.iterations=2"], 600)
+    assert first.returncode == 0, first.stderr[-4000:]
+    again = run([ACCELERATE, "launch", "--config_file", config, "train.py", *args, "--train.iterations=3",
+                 "--resume=latest"], 600)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "continuing at iteration 3" in again.stdout + again.stderr
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [1, 2, 3] and all(r["optimizer_steps"] > 0 for r in rows)
+    ranks = json.loads((out / "ranks.json").read_text())
+    assert ranks["world_size"] == 2 and len(set(ranks["weights_sha256"])) == 1
+    # The checkpoint is a standard, unsharded HF folder, and it holds the trained (not the initial) weights.
+    from transformers import AutoModelForCausalLM
+
+    saved = AutoModelForCausalLM.from_pretrained(out / "checkpoints" / "iter_000003" / "model")
+    initial = AutoModelForCausalLM.from_pretrained(tiny_folder)
+    assert saved.model.layers[0].self_attn.q_proj.weight.dtype == torch.float32  # the fp32 master weights
+    assert not torch.equal(saved.model.layers[0].mlp.up_proj.weight, initial.model.layers[0].mlp.up_proj.weight)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("change, message", [
+    ({"fsdp_config.fsdp_offload_params": True}, "fsdp_offload_params=true is not supported"),
+    ({"dynamo_config": {"dynamo_backend": "INDUCTOR"}}, "dynamo_backend=INDUCTOR is not supported"),
+    ({"fsdp_config.fsdp_version": 1}, "fsdp_version=1 is not supported"),
+])
+def test_unsupported_accelerate_config_stops_with_one_line(tmp_path, change, message):
+    config = launch_config(tmp_path, **change)
+    proc = run([ACCELERATE, "launch", "--config_file", config, "train.py", "--config", "configs/quickstart.yaml",
+                f"--output_dir={tmp_path / 'run'}", "--model.lora=false"], 120)
+    assert proc.returncode != 0
+    ours = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(ours) == 1 and message in ours[0], proc.stderr[-3000:]  # once, not once per rank
+    assert "train.py\", line" not in proc.stderr  # no traceback from our code (the launcher prints its own)
+    assert not (tmp_path / "run" / "checkpoints").exists()  # stopped before loading anything
+
+
+# ----------------------------------------------------------------------------- check_launch, option by option
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"ACCELERATE_USE_DEEPSPEED": "true"}, "DeepSpeed is not supported"),
+    ({"ACCELERATE_USE_MEGATRON_LM": "true"}, "Megatron-LM is not supported"),
+    ({"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "4"}, "gradient_accumulation_steps=4"),
+    ({"ACCELERATE_MIXED_PRECISION": "fp16"}, "contradicts model.dtype=bfloat16"),
+    ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1"}, "fsdp_version=1"),
+    ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_SHARDING_STRATEGY": "HYBRID_SHARD"}, "HYBRID_SHARD"),
+    ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_STATE_DICT_TYPE": "SHARDED_STATE_DICT"},
+     "FULL_STATE_DICT"),
+    ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_AUTO_WRAP_POLICY": "SIZE_BASED_WRAP"},
+     "TRANSFORMER_BASED_WRAP"),
+    ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_CPU_RAM_EFFICIENT_LOADING": "true"},
+     "cpu_ram_efficient_loading"),
+])
+def test_check_launch_refuses_what_it_cannot_honour(monkeypatch, env, message):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(LaunchError, match=message):
+        check_launch(ModelConfig(dtype="bfloat16", lora=False))
+
+
+def test_check_launch_applies_what_it_supports(monkeypatch):
+    model = ModelConfig(dtype="float32", lora=False)
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    assert not check_launch(model).fsdp and model.dtype == "bfloat16"  # bf16 compute over fp32 master weights
+    for key, value in {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_RESHARD_AFTER_FORWARD": "false",
+                       "FSDP_ACTIVATION_CHECKPOINTING": "true",
+                       "FSDP_TRANSFORMER_CLS_TO_WRAP": "Qwen2DecoderLayer"}.items():
+        monkeypatch.setenv(key, value)
+    launch = check_launch(model)
+    assert launch.fsdp and not launch.reshard_after_forward and launch.wrap_classes == ("Qwen2DecoderLayer",)
+    assert model.gradient_checkpointing
+    with pytest.raises(LaunchError, match="with model.lora=true launch data parallel"):
+        check_launch(ModelConfig(lora=True))
