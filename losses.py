@@ -184,17 +184,21 @@ def padded_tokens(lengths: list[int], micro_batches: list[list[int]]) -> tuple[i
 
 @torch.no_grad()
 def compute_old_logprobs(model, samples, pad_id: int, device, micro_batch_size: int) -> tuple[int, int]:
-    """Fill `sample.old_logp` (the ratio's denominator) for every sample, in the sample's old context.
+    """Fill `sample.old_logp` (the ratio's denominator) for every sample, in the sample's old context(s).
     Returns (pad positions, all positions) of its forward passes."""
     model.eval()
-    lengths = [len(s.old_ids) for s in samples]
+    # One forward unit per old context: (sample index, part index, ids, mask); most samples have one part.
+    units = [(i, k, ids, mask) for i, s in enumerate(samples) for k, (ids, mask) in enumerate(s.old_sequences())]
+    lengths = [len(u[2]) for u in units]
     buckets = length_buckets(lengths, micro_batch_size)
+    parts: list[dict[int, list[float]]] = [{} for _ in samples]
     for bucket in buckets:
-        micro = [samples[i] for i in bucket]
-        logps, _ = sequence_action_logprobs(model, [s.old_ids for s in micro], [s.old_mask for s in micro],
-                                            pad_id, device)
-        for sample, logp in zip(micro, logps):
-            sample.old_logp = logp.float().cpu().tolist()
+        micro = [units[j] for j in bucket]
+        logps, _ = sequence_action_logprobs(model, [u[2] for u in micro], [u[3] for u in micro], pad_id, device)
+        for (i, k, _, _), logp in zip(micro, logps):
+            parts[i][k] = logp.float().cpu().tolist()
+    for sample, part in zip(samples, parts):
+        sample.old_logp = [value for k in sorted(part) for value in part[k]]
     return padded_tokens(lengths, buckets)
 
 

@@ -373,14 +373,29 @@ class Sample:
     old_mask: list[int]
     advantages: list[float]  # one per action token
     old_logp: list[float] = field(default_factory=list)  # filled by the trainer, one per action token
+    # Behaviour log-probs from several contexts instead of old_ids: [(ids, mask)] in action order (an off-policy
+    # "current_turn" episode: one tip-free sequence to train on, but each action was played in its own step prompt).
+    old_contexts: list[tuple[list[int], list[int]]] = field(default_factory=list)
+
+    def old_sequences(self) -> list[tuple[list[int], list[int]]]:
+        return self.old_contexts or [(self.old_ids, self.old_mask)]
 
 
 def build_samples(episodes: list[Episode], advantages: list[float], *, off_policy_old_logp: str = "with_tips"
                   ) -> list[Sample]:
-    """Episodes -> samples: one per episode (full history) or one per step (history window)."""
+    """Episodes -> samples: one per episode (packed stream), or one per step (history window, and on-policy
+    episodes played with tips in the current turn only: each step had its own context)."""
     samples = []
     for ep, adv in zip(episodes, advantages):
         off = ep.mode == "off_policy"
+        if ep.layout == "current_turn" and off and any(ep.twin_mask):
+            # The update scores the tip-free stream: ONE packed sequence, as cheap as a no-memory episode. Only the
+            # behaviour log-probs (no grad, once) need each action's own with-tip step prompt (Table 3 form).
+            old = [(s.ids + s.action_ids, [0] * len(s.ids) + [1] * len(s.action_ids)) for s in ep.steps
+                   if s.action_ids] if off_policy_old_logp == "with_tips" else []
+            samples.append(Sample(ep.twin_ids, ep.twin_mask, ep.twin_ids, ep.twin_mask, [adv] * sum(ep.twin_mask),
+                                  old_contexts=old))
+            continue
         if ep.steps:
             pieces = [(s.ids + s.action_ids, s.twin_ids + s.action_ids,
                        [0] * len(s.ids) + [1] * len(s.action_ids), [0] * len(s.twin_ids) + [1] * len(s.action_ids))

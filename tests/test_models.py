@@ -3,6 +3,7 @@ Qwen2 folder, LoRA vs full fine-tune, checkpoint round trips, and short errors f
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import logging
 import threading
 import time
@@ -165,6 +166,74 @@ def test_full_finetune_trains_everything(qwen_folder):
     assert all(p.requires_grad for p in model.parameters())
     assert model.is_activation_checkpointing
     assert set(models.trainable_state(model)) == {name for name, _ in model.named_parameters()}
+
+
+def one_adamw_step(model, lr: float) -> None:
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
+    ids = torch.tensor([[5, 17, 300, 42, 9, 11]])
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+
+
+@pytest.mark.slow
+def test_full_finetune_in_bf16_keeps_fp32_master_weights_that_a_1e6_step_moves(qwen_folder):
+    """The paper's setting (full fine-tune, bf16, lr 1e-6): the step must reach the weights."""
+    from transformers import AutoModelForCausalLM
+
+    model, _ = models.load_policy(_tiny(qwen_folder, lora=False, dtype="bfloat16"))
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # master weights (and AdamW state) in fp32
+    ids = torch.tensor([[5, 17, 300, 42]])
+    assert model(input_ids=ids).logits.dtype == torch.bfloat16  # the forward computes in bf16 (autocast)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    one_adamw_step(model, lr=1e-6)
+    total = sum(p.numel() for p in model.parameters())
+    moved = sum(int((p != before[n]).sum()) for n, p in model.named_parameters())
+    assert moved > 0.9 * total  # (AdamW's first step moves every weight with a gradient by ~lr)
+    # What the fix prevents: AdamW on bf16 weights changes only the few weights smaller than ~2.6e-4 (bf16 keeps 8
+    # bits of mantissa, so a 1e-6 step vanishes on anything larger).
+    plain = AutoModelForCausalLM.from_pretrained(qwen_folder, dtype=torch.bfloat16)
+    start = {n: p.detach().clone() for n, p in plain.named_parameters()}
+    one_adamw_step(plain, lr=1e-6)
+    changed = sum(int((p != start[n]).sum()) for n, p in plain.named_parameters())
+    assert changed < 0.05 * total
+
+
+@pytest.mark.slow
+def test_lora_in_bf16_keeps_fp32_adapters_over_a_bf16_base(qwen_folder):
+    model, _ = models.load_policy(_tiny(qwen_folder, dtype="bfloat16"))
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    assert trainable and all(p.dtype == torch.float32 for p in trainable)
+    assert frozen and all(p.dtype == torch.bfloat16 for p in frozen)
+    before = [p.detach().clone() for p in trainable]
+    one_adamw_step(model, lr=1e-6)
+    assert any(not torch.equal(p, b) for p, b in zip(trainable, before))
+
+
+@pytest.mark.slow
+def test_every_eos_id_of_the_generation_config_stops_a_row(qwen_folder):
+    """Qwen2.5's generation config lists two eos ids; the folder's lists [2, 0] (like <|im_end|>, <|endoftext|>)."""
+    from generation import cut_at_eos, generate, stop_ids
+
+    model, _ = models.load_policy(_tiny(qwen_folder))
+    assert stop_ids(model, 2) == [2, 0]
+    assert cut_at_eos([5, 6, 0, 2, 7], [2, 0]) == [5, 6, 0] and cut_at_eos([5, 2, 0], [2, 0]) == [5, 2]
+    with torch.no_grad():  # make id 0 the model's only choice: the row must stop right after it
+        model.get_output_embeddings().weight.zero_()
+        model.get_output_embeddings().weight[0].fill_(1.0)
+        rows = generate(model, 2, 2, [[5, 17, 300]], max_new_tokens=5, temperature=0.0)
+    assert rows == [[0]]
+
+
+@pytest.mark.slow
+def test_attention_implementation_is_a_config_value(qwen_folder):
+    model, _ = models.load_policy(_tiny(qwen_folder, attn_implementation="eager"))
+    assert model.config._attn_implementation == "eager"
+    with pytest.raises(models.ModelLoadError, match="attn_implementation='paged' is not one of"):
+        models.load_policy(_tiny(qwen_folder, attn_implementation="paged"))
+    if importlib.util.find_spec("flash_attn") is None:
+        with pytest.raises(models.ModelLoadError, match="needs the flash_attn package"):
+            models.load_policy(_tiny(qwen_folder, attn_implementation="flash_attention_2"))
 
 
 @pytest.mark.slow

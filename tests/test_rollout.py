@@ -1,10 +1,12 @@
 """Rollout mechanics with the real CPU model: token streams, tip-free twins, packing, batching."""
+import dataclasses
+
 import pytest
 import torch
 
 from config import IntrinsicConfig, MemoryConfig, RolloutConfig
 from envs.base import Task
-from losses import clipped_policy_loss, sequence_action_logprobs
+from losses import clipped_policy_loss, compute_old_logprobs, sequence_action_logprobs
 from memory import TipEntry, TipMemory, tip_block
 from rollout import (ChatStream, ContextBudgetError, Episode, Sample, advantage_return, build_samples, draw_mode, generate_actions,
                      intrinsic_return, pay_novelty, per_step_samples, run_episodes, write_tips)
@@ -171,13 +173,25 @@ def test_current_turn_placement_shows_only_this_turns_tips(policy, rooms_env, ol
         assert "<tip>" not in chat.decode(step.twin_ids[before:])
         assert step.twin_ids == ep.twin_ids[: len(step.twin_ids)]
         assert ep.twin_ids[len(step.twin_ids) : len(step.twin_ids) + len(step.action_ids)] == step.action_ids
-    samples = build_samples(eps[:1], [0.5], off_policy_old_logp=old_context)
-    assert len(samples) == 3
-    for sample, step in zip(samples, ep.steps):
-        assert sample.ids == step.twin_ids + step.action_ids  # the update scores the tip-free context
-        want_old = step.ids if old_context == "with_tips" else step.twin_ids
-        assert sample.old_ids == want_old + step.action_ids
-        assert sum(sample.mask) == sum(sample.old_mask) == len(step.action_ids)
+    # Off-policy: the update scores the tip-free stream as ONE packed sample; with_tips takes each action's behaviour
+    # log-prob in its own with-tip step prompt, without_tips in the tip-free stream itself.
+    (sample,) = build_samples(eps[:1], [0.5], off_policy_old_logp=old_context)
+    assert sample.ids == ep.twin_ids and sample.mask == ep.twin_mask
+    if old_context == "with_tips":
+        assert sample.old_sequences() == [(s.ids + s.action_ids, [0] * len(s.ids) + [1] * len(s.action_ids))
+                                          for s in ep.steps]
+    else:
+        assert sample.old_sequences() == [(ep.twin_ids, ep.twin_mask)]
+    model, _ = policy
+    compute_old_logprobs(model, [sample], chat.pad_id, "cpu", micro_batch_size=2)
+    with torch.no_grad():
+        parts, _ = sequence_action_logprobs(model, [ids for ids, _ in sample.old_sequences()],
+                                            [m for _, m in sample.old_sequences()], chat.pad_id, "cpu")
+    assert len(sample.old_logp) == sum(ep.twin_mask) == sum(len(s.action_ids) for s in ep.steps)
+    assert torch.allclose(torch.tensor(sample.old_logp), torch.cat(parts).float(), atol=1e-5)
+    # On-policy with tips: each step had its own context, so each step is its own sample, scored in it.
+    on = build_samples([dataclasses.replace(ep, mode="on_policy_tips")], [0.5])
+    assert [(x.ids, x.old_ids) for x in on] == [(s.ids + s.action_ids,) * 2 for s in ep.steps]
 
 
 @pytest.mark.slow
