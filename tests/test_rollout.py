@@ -8,8 +8,8 @@ from config import IntrinsicConfig, MemoryConfig, RolloutConfig
 from envs.base import Task
 from losses import clipped_policy_loss, compute_old_logprobs, sequence_action_logprobs
 from memory import TipEntry, TipMemory, tip_block
-from rollout import (ChatStream, ContextBudgetError, Episode, Sample, advantage_return, build_samples, draw_mode, generate_actions,
-                     intrinsic_return, pay_novelty, per_step_samples, run_episodes, write_tips)
+from rollout import (ChatStream, ContextBudgetError, Episode, Sample, advantage_return, build_samples, draw_mode,
+                     generate_actions, intrinsic_return, pay_novelty, per_step_samples, run_episodes, write_tips)
 
 
 

@@ -32,8 +32,9 @@ What.
      * no_memory: no tip block;
      * memory / history (rollout.tip_placement: history): every turn's tip block stays in the
        history; context = with-tip stream;
-     * memory / current_turn (rollout.tip_placement: current_turn, the default): the paper's pi(a | s_t, u, tips_t): the tip-free history (all previous turns without
-       their blocks, Episode.twin_ids) + the current turn with its block.
+     * memory / current_turn (rollout.tip_placement: current_turn, the default; the paper's pi(a | s_t, u, tips_t)):
+       the tip-free history (all previous turns without their blocks) + the current turn with its block, played
+       through Episode(layout="current_turn") exactly as rollout.run_episodes builds it.
    (on_policy_tips and off_policy play identically: both play with tips.) The block holds 10 hand-written
    TipEntry objects (tips of 40-60 words, the actions from the task's gold path, returns 8-100), the same block on
    every turn (the reference's top-10-by-return retrieval returns the same entries all episode long).
