@@ -30,7 +30,7 @@ from envs import make_env_pool
 from models import load_policy, load_trainable
 from memory import TipMemory, make_scorer
 from rollout import ChatStream, run_episodes, write_tips
-from runtime import derive_seed, gather_objects, make_accelerator
+from runtime import LaunchError, check_launch, derive_seed, gather_objects, make_accelerator
 
 
 def evaluate(model, chat: ChatStream, envs: list, tasks: list, cfg: Config, *, accelerator=None,
@@ -126,6 +126,11 @@ def main(argv: list[str] | None = None) -> dict:
             rest.append(arg)
     try:
         cfg = load_config(*split_cli(rest))
+        # Evaluation is data parallel (every rank plays its share with the whole model): an FSDP launch is refused
+        # rather than ignored; mixed precision and the other supported options apply as in training.
+        if check_launch(cfg.model).fsdp:
+            raise LaunchError("eval.py runs data parallel, each rank with the whole model: launch it without the "
+                              "FSDP config (e.g. configs/accelerate/multi_gpu_8.yaml)")
     except ConfigError as err:
         sys.exit(f"config error: {err}")
     accelerator = make_accelerator()

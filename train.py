@@ -87,16 +87,17 @@ def update(model, optimizer, samples, cfg: Config, accelerator, mode: str, pad_i
             n_pad, n_all = padded_tokens(lengths, buckets)
             pad, positions = pad + n_pad, positions + n_all
             optimizer.zero_grad(set_to_none=False)
+            finite = True
             for k in range(passes):
                 real = k < len(buckets)
                 micro = [chunk[i] for i in buckets[k]] if real else [padding_sample(pad_id)]
                 loss, metrics = samples_loss(model, micro, pad_id, accelerator.device, cfg.loss, lowprob)
                 share = len(micro) / total if real else 0.0
-                # A non-finite loss still goes through backward: its NaN reaches every rank's gradient norm (through
-                # the all-reduce or FSDP's reduce-scatter), so every rank skips this step, and FSDP's collectives
-                # stay matched.
+                # A non-finite loss still goes through backward (FSDP's collectives must stay matched); the step is
+                # skipped on every rank below.
                 (loss * (share * world if sharded else share)).backward()
                 padding_passes += not real
+                finite = finite and bool(torch.isfinite(loss))
                 if not real or not torch.isfinite(loss):
                     continue
                 for key, value in metrics.items():
@@ -108,7 +109,8 @@ def update(model, optimizer, samples, cfg: Config, accelerator, mode: str, pad_i
                 all_reduce_gradients(params, accelerator)
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.train.max_grad_norm)
             grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: DTensor
-            if not torch.isfinite(grad_norm):
+            # A NaN loss does not always reach the gradient (clamp's backward drops it), so the losses are checked too.
+            if not all_ranks(finite, accelerator) or not torch.isfinite(grad_norm):
                 optimizer.zero_grad(set_to_none=False)  # never let NaN/inf reach the weights
                 skipped += 1
                 continue
@@ -130,6 +132,14 @@ def minibatch_shape(n_local: int, n_micro: int, accelerator, sharded: bool) -> t
         return n_local, n_micro
     counts = accelerator.gather(torch.tensor([[n_local, n_micro]], device=accelerator.device)).reshape(-1, 2)
     return int(counts[:, 0].sum().item()), int(counts[:, 1].max().item()) if sharded else n_micro
+
+
+def all_ranks(flag: bool, accelerator) -> bool:
+    """True when `flag` is true on every rank (one tiny all-reduce with several processes)."""
+    if accelerator.num_processes == 1:
+        return flag
+    bad = accelerator.reduce(torch.tensor([0.0 if flag else 1.0], device=accelerator.device), reduction="sum")
+    return bad.item() == 0
 
 
 def padding_sample(pad_id: int) -> Sample:

@@ -4,6 +4,7 @@ tests/test_distributed.py, which compares the weights the three produce.
     python tests/distributed_update.py single OUT.pt
     torchrun --nproc_per_node 2 tests/distributed_update.py dp OUT.pt
     torchrun --nproc_per_node 2 tests/distributed_update.py fsdp OUT.pt
+    torchrun --nproc_per_node 2 tests/distributed_update.py fsdp_nan OUT.pt   (rank 1 has a NaN loss)
 
 Five samples of different lengths and advantages; in 2 processes rank 0 holds samples 0-2 and rank 1 samples 3-4,
 so the ranks run different numbers of micro-batches (FSDP pads rank 1 with a zero-weight one). SGD makes the
@@ -52,7 +53,7 @@ def main(mode: str, out_file: str) -> None:
     model = tiny_model()
     for p in model.parameters():
         p.requires_grad_(True)
-    if mode == "fsdp":
+    if mode.startswith("fsdp"):
         shard_model(model, torch.float32, Launch(fsdp=True))
     mine = samples()
     if mode != "single":
@@ -63,14 +64,17 @@ def main(mode: str, out_file: str) -> None:
         compute_old_logprobs(model, mine, PAD, accelerator.device, 1)
     for s in mine:  # an off-policy-like ratio != 1, so the clip and the ratio both matter
         s.old_logp = [v - 0.1 for v in s.old_logp]
+    if mode == "fsdp_nan" and accelerator.process_index == 1:  # one rank's loss is NaN: every rank must skip
+        mine[0].old_logp = [float("nan")] * len(mine[0].old_logp)
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
     metrics = update(model, optimizer, mine, cfg, accelerator, "on_policy_tips", PAD, random.Random(0),
-                     sharded=mode == "fsdp")
+                     sharded=mode.startswith("fsdp"))
     state = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for n, p in
              model.named_parameters()}
     padding = gather_objects(accelerator, metrics["padding_passes"])  # zero-weight micro-batches, per rank
+    skipped = gather_objects(accelerator, metrics["skipped_updates"])
     if accelerator.is_main_process:
-        torch.save({"weights": state, "metrics": metrics, "padding_passes": padding}, out_file)
+        torch.save({"weights": state, "metrics": metrics, "padding_passes": padding, "skipped": skipped}, out_file)
     accelerator.wait_for_everyone()
 
 

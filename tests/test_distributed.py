@@ -44,7 +44,7 @@ def run(cmd: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
 def updates(tmp_path_factory):
     out = tmp_path_factory.mktemp("updates")
     results = {}
-    for mode in ("single", "dp", "fsdp"):
+    for mode in ("single", "dp", "fsdp", "fsdp_nan"):
         file = out / f"{mode}.pt"
         launcher = [sys.executable] if mode == "single" else [
             sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}"]
@@ -68,6 +68,16 @@ def test_two_ranks_with_unequal_samples_update_like_one_process(updates, mode):
     assert moved > 1e-2  # SGD moved the weights: the equality is not between two untouched models
     if mode == "fsdp":  # rank 1 ran one zero-weight padding micro-batch to match rank 0's three
         assert updates[mode]["padding_passes"] == [0.0, 1.0]
+
+
+@pytest.mark.slow
+def test_a_nan_loss_on_one_rank_skips_the_step_on_every_rank(updates):
+    from distributed_update import tiny_model
+
+    result = updates["fsdp_nan"]
+    assert result["skipped"] == [1.0, 1.0] and result["metrics"]["optimizer_steps"] == 0
+    initial = dict(tiny_model().named_parameters())
+    assert all(torch.equal(result["weights"][k], initial[k]) for k in initial)
 
 
 # ----------------------------------------------------------------------------- accelerate launch, FSDP
