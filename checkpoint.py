@@ -5,6 +5,7 @@ A checkpoint is a folder `output_dir/checkpoints/iter_XXXXXX/` with
     optimizer.pt        AdamW state (under FSDP: gathered in full, keyed by parameter name)
     memory.json         the tip memory and novelty counts (when memory or the intrinsic reward is on)
     state.json          {"iteration": i, "world_size": n}
+    config.json         the run's config (check_resume refuses a resume that changes more than its length/logging)
     rng_rank{r}.pt      Python / NumPy / torch (/ CUDA) generator states of every rank
 It is written to a temporary folder and renamed into place, so a crash leaves a complete checkpoint or none.
 The newest `keep` checkpoints are kept.
@@ -21,16 +22,22 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from config import ConfigError
 from models import load_trainable, save_model
 from runtime import gather_objects, is_sharded
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written; the previous checkpoints are untouched."""
+
+
 def save_checkpoint(out_dir: Path, iteration: int, model, tokenizer, optimizer, memory, accelerator,
-                    keep: int) -> Path:
+                    keep: int, config: dict | None = None) -> Path:
     folder = out_dir / "checkpoints" / f"iter_{iteration:06d}"
     tmp = out_dir / "checkpoints" / f".tmp_iter_{iteration:06d}"
     full_state, optimizer_state = gather_states(model, optimizer)  # a collective under FSDP: every rank calls it
-    if accelerator.is_main_process:
+
+    def shared_part():
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         save_model(model, tokenizer, str(tmp / "model"), full_state)
@@ -38,12 +45,19 @@ def save_checkpoint(out_dir: Path, iteration: int, model, tokenizer, optimizer, 
         if memory is not None:
             memory.save(str(tmp / "memory.json"))
         (tmp / "state.json").write_text(json.dumps({"iteration": iteration, "world_size": accelerator.num_processes}))
-    accelerator.wait_for_everyone()
-    rng_state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        rng_state["cuda"] = torch.cuda.get_rng_state_all()
-    torch.save(rng_state, tmp / f"rng_rank{accelerator.process_index}.pt")
-    accelerator.wait_for_everyone()
+        if config is not None:  # what check_resume compares a resumed run's config with
+            (tmp / "config.json").write_text(json.dumps(config, indent=1))
+
+    def rank_part():
+        rng_state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng_state["cuda"] = torch.cuda.get_rng_state_all()
+        torch.save(rng_state, tmp / f"rng_rank{accelerator.process_index}.pt")
+
+    # Every rank learns whether every other rank's part was written, so a failure (a full disk, a vanished mount)
+    # stops all ranks with the same error instead of leaving some waiting in a barrier.
+    _everyone_ok(accelerator, shared_part if accelerator.is_main_process else None, tmp, folder)
+    _everyone_ok(accelerator, rank_part, tmp, folder)
     if accelerator.is_main_process:
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(tmp, folder)  # a checkpoint folder is complete or absent
@@ -52,6 +66,22 @@ def save_checkpoint(out_dir: Path, iteration: int, model, tokenizer, optimizer, 
             shutil.rmtree(stale, ignore_errors=True)
     accelerator.wait_for_everyone()
     return folder
+
+
+def _everyone_ok(accelerator, write, tmp: Path, folder: Path) -> None:
+    error = ""
+    if write is not None:
+        try:
+            write()
+        except OSError as err:
+            error = f"{type(err).__name__}: {err}"
+    errors = [e for e in gather_objects(accelerator, error) if e]
+    if errors:
+        if accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+        previous = sorted(folder.parent.glob("iter_*"))
+        kept = f"the previous checkpoint {previous[-1]} is intact" if previous else "no earlier checkpoint exists"
+        raise CheckpointError(f"cannot write checkpoint {folder.name} ({errors[0]}); {kept}")
 
 
 def gather_states(model, optimizer) -> tuple[dict | None, dict]:
@@ -78,6 +108,41 @@ def find_checkpoint(out_dir: Path, resume: str) -> Path | None:
     if not (path / "state.json").is_file():
         raise FileNotFoundError(f"--resume={resume}: not a checkpoint folder (no state.json)")
     return path
+
+
+# Keys a resumed run may change: how long it runs, what it logs and keeps, where it writes. Anything else (the model,
+# the loss, the rollout, the seed, ...) would make the continuation a different run than the one checkpointed.
+RESUMABLE_CHANGES = {"output_dir", "resume", "train.iterations", "train.eval_every", "train.eval_tasks",
+                     "train.eval_episodes_per_task", "train.save_every", "train.keep_checkpoints",
+                     "train.torch_threads", "train.tensorboard", "train.wandb_project", "train.save_episodes"}
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and not (prefix + key).endswith("max_steps_per_task"):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+def check_resume(folder: Path, config: dict, world_size: int) -> None:
+    """Refuse a resume that cannot continue the checkpointed run: another number of processes (the task rows,
+    sampling streams and mini-batches are per rank) or a config that differs beyond RESUMABLE_CHANGES."""
+    state = json.loads((folder / "state.json").read_text())
+    if state.get("world_size", world_size) != world_size:
+        raise ConfigError(f"--resume: {folder} was written by {state['world_size']} processes, this run has "
+                          f"{world_size}; resume with the same number")
+    saved_file = folder / "config.json"
+    if not saved_file.is_file():  # written before configs were saved with checkpoints
+        return
+    saved, now = _flatten(json.loads(saved_file.read_text())), _flatten(config)
+    changed = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k) and k not in RESUMABLE_CHANGES)
+    if changed:
+        details = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed[:5])
+        raise ConfigError(f"--resume: the config differs from the checkpoint's ({details}); only "
+                          f"{sorted(RESUMABLE_CHANGES)} may change on resume")
 
 
 def load_checkpoint(folder: Path, model, optimizer, memory, accelerator) -> int:

@@ -162,6 +162,7 @@ class TrainConfig:
     torch_threads: int = 0  # 0 = leave torch's default
     tensorboard: bool = True  # write TensorBoard events to output_dir/tb
     wandb_project: str = ""  # set to log to Weights & Biases as well (optional dependency)
+    save_episodes: bool = False  # write every rank's episodes to output_dir/episodes/iter_XXXXXX_rankR.jsonl
 
 
 @dataclass

@@ -229,6 +229,9 @@ class ChatStream:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.eos_id = tokenizer.eos_token_id
+        self.special_strings = sorted({t for t in tokenizer.all_special_tokens + [
+            t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special] if t},
+            key=len, reverse=True)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
         first_turn = self._render([{"role": "user", "content": self._USER1}], True)
         two_turns = self._render(
@@ -275,3 +278,10 @@ class ChatStream:
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def plain(self, text: str) -> str:
+        """`text` without the tokenizer's special-token strings: model-written text (a tip) that spells
+        "<|im_end|>" would otherwise be encoded as a real end of turn inside a user message."""
+        for token in self.special_strings:
+            text = text.replace(token, "")
+        return text

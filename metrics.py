@@ -82,21 +82,40 @@ def merge_rank_metrics(parts: list[tuple[list[EpisodeStats], dict, dict]], memor
     return record
 
 
+def _iteration(line: str) -> float:
+    """The iteration of a metrics.jsonl line; infinity for a torn line (a crash in the middle of a write)."""
+    try:
+        return json.loads(line)["iteration"]
+    except (ValueError, KeyError, TypeError):
+        return math.inf
+
+
 class MetricsLogger:
     """metrics.jsonl + TensorBoard (+ optional wandb) on the main process; a no-op elsewhere."""
 
-    def __init__(self, out_dir: Path, cfg: Config, enabled: bool):
+    def __init__(self, out_dir: Path, cfg: Config, enabled: bool, start: int = 1):
+        """start > 1 (a resume): rows of iterations >= start, written after the checkpoint by the interrupted run,
+        are dropped from metrics.jsonl and TensorBoard, and a wandb run continues under its saved id."""
         self.enabled, self.path, self.tb, self.wandb = enabled, out_dir / "metrics.jsonl", None, None
         if not enabled:
             return
+        if start > 1 and self.path.exists():
+            kept = [line for line in self.path.read_text().splitlines() if _iteration(line) < start]
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text("".join(line + "\n" for line in kept))
+            tmp.replace(self.path)
         if cfg.train.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(str(out_dir / "tb"))
+            self.tb = SummaryWriter(str(out_dir / "tb"), purge_step=start if start > 1 else None)
         if cfg.train.wandb_project:
             import wandb  # optional dependency
 
-            self.wandb = wandb.init(project=cfg.train.wandb_project, config=to_dict(cfg), dir=str(out_dir))
+            id_file = out_dir / "wandb_run_id"
+            run_id = id_file.read_text().strip() if start > 1 and id_file.exists() else None
+            self.wandb = wandb.init(project=cfg.train.wandb_project, config=to_dict(cfg), dir=str(out_dir),
+                                    id=run_id, resume="allow" if run_id else None)
+            id_file.write_text(self.wandb.id)
 
     def log(self, record: dict) -> None:
         if not self.enabled:
@@ -117,6 +136,16 @@ class MetricsLogger:
     def close(self) -> None:
         if self.tb:
             self.tb.close()
+
+
+def write_episodes(path: Path, episodes, returns: list[float]) -> None:
+    """One JSON line per episode (task, group, mode, actions, rewards, return, outcome, tip): what a rank played."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for ep, ret in zip(episodes, returns):
+            f.write(json.dumps({"task": ep.task.key, "group": ep.group, "mode": ep.mode, "actions": ep.actions,
+                                "rewards": ep.rewards, "return": ret, "success": ep.success,
+                                "truncated": ep.truncated, "tip": ep.tip}) + "\n")
 
 
 def plot_metrics(metrics_path: Path, png_path: Path) -> None:

@@ -254,7 +254,7 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
             if ep.done:
                 continue
             retrieved = memory.retrieve(ep.task.key, observations[i]) if use_tips else []
-            block = tip_block(retrieved)
+            block = chat.plain(tip_block(retrieved))  # tips are model-written: no special tokens in a prompt
             if windowed:
                 delta, twin_delta, context = window_turn(chat, envs[i], cfg.history_window, block)
             else:
@@ -350,7 +350,7 @@ def write_tips(model, chat: ChatStream, episodes: list[Episode], memory: TipMemo
                                batch_size=cfg.generation_batch_size)
     empty = 0
     for ep, ids in zip(todo, outputs):
-        ep.tip = clean_tip(chat.decode(ids))
+        ep.tip = clean_tip(chat.plain(chat.decode(ids)))
         if not ep.tip:
             empty += 1
             continue

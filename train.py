@@ -40,13 +40,14 @@ import numpy as np
 import torch
 import yaml
 
-from checkpoint import find_checkpoint, load_checkpoint, save_checkpoint, write_rank_fingerprints
+from checkpoint import (CheckpointError, check_resume, find_checkpoint, load_checkpoint, save_checkpoint,
+                        write_rank_fingerprints)
 from config import Config, ConfigError, config_help, load_config, split_cli, to_dict
 from envs import make_env_pool
 from eval import evaluate
 from losses import compute_old_logprobs, group_advantages, length_buckets, padded_tokens, samples_loss
 from memory import TipMemory, make_scorer
-from metrics import EpisodeStats, MetricsLogger, merge_rank_metrics, plot_metrics
+from metrics import EpisodeStats, MetricsLogger, merge_rank_metrics, plot_metrics, write_episodes
 from models import ModelLoadError, load_policy
 from rollout import (ChatStream, Sample, advantage_return, build_samples, draw_mode, intrinsic_return, run_episodes,
                      write_tips)
@@ -173,6 +174,30 @@ def all_reduce_gradients(params, accelerator, bucket_elements: int = 1 << 26) ->
             offset += p.numel()
 
 
+def stop_on_signals() -> dict:
+    """SIGTERM / SIGINT set {"requested": True}; the loop finishes its iteration, checkpoints and exits 0 (a
+    preempted job). A second signal stops at once (KeyboardInterrupt). {"restore"}() puts the old handlers back."""
+    import signal
+    import threading
+
+    state = {"requested": False, "restore": lambda: None}
+    if threading.current_thread() is not threading.main_thread():  # handlers can only be set there
+        return state
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def handler(signum, frame):
+        if state["requested"]:
+            raise KeyboardInterrupt
+        state["requested"] = True
+        print(f"signal {signum}: finishing this iteration, then checkpoint and exit (again to stop now)",
+              file=sys.stderr, flush=True)
+
+    for sig in previous:
+        signal.signal(sig, handler)
+    state["restore"] = lambda: [signal.signal(sig, old) for sig, old in previous.items()]
+    return state
+
+
 def iteration_tasks(train_tasks: list, count: int, seed: int, iteration: int) -> list:
     """`count` task rows for this iteration: balanced over the task list, shuffled, the same on all ranks."""
     rng = random.Random(derive_seed(seed, "tasks", iteration))
@@ -201,7 +226,9 @@ def train(cfg: Config) -> dict:
     out_dir = Path(cfg.output_dir)
     if accelerator.is_main_process:
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))  # as the launch set it
+    checkpoint = find_checkpoint(out_dir, cfg.resume)
+    if checkpoint is not None:  # before anything loads: a resume that cannot continue this run stops here
+        check_resume(checkpoint, to_dict(cfg), world)
     random.seed(cfg.train.seed + rank)
     np.random.seed(cfg.train.seed + rank)
     torch.manual_seed(cfg.train.seed)  # same init (LoRA) on every rank
@@ -210,6 +237,9 @@ def train(cfg: Config) -> dict:
         model, tokenizer = load_policy(cfg.model, device=accelerator.device, autocast_forward=not launch.fsdp)
     if launch.fsdp:  # after loading (every rank holds the same fp32 weights), before the optimizer sees them
         shard_model(model, getattr(torch, cfg.model.dtype), launch)
+    # Sampling: each rank its own stream (with the init seed, two ranks playing the same task would sample the same
+    # episodes). A checkpoint saves every rank's stream, so a resumed run continues it.
+    torch.manual_seed(derive_seed(cfg.train.seed, "sampling", rank))
     chat = ChatStream(tokenizer)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.train.lr,
                                   weight_decay=cfg.train.weight_decay)
@@ -220,12 +250,13 @@ def train(cfg: Config) -> dict:
                            cfg.memory.similarity_threshold)
 
     start = 1
-    checkpoint = find_checkpoint(out_dir, cfg.resume)
     if checkpoint is not None:
         start = load_checkpoint(checkpoint, model, optimizer, memory, accelerator) + 1
         accelerator.print(f"resumed from {checkpoint}; continuing at iteration {start}")
     elif accelerator.is_main_process and (out_dir / "metrics.jsonl").exists():
         (out_dir / "metrics.jsonl").unlink()  # a fresh run starts a fresh log
+    if accelerator.is_main_process:  # after the resume check: a refused resume leaves the run's files as they were
+        (out_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))  # as the launch set it
 
     pool_size = cfg.rollout.tasks_per_iteration // world * cfg.rollout.group_size
     envs = make_env_pool(cfg.env, pool_size)
@@ -234,68 +265,88 @@ def train(cfg: Config) -> dict:
     test_tasks = envs[0].tasks("test")
     if cfg.train.eval_tasks > 0:
         test_tasks = test_tasks[: cfg.train.eval_tasks]
-    logger = MetricsLogger(out_dir, cfg, accelerator.is_main_process)
+    logger = MetricsLogger(out_dir, cfg, accelerator.is_main_process, start)  # drops rows a resume replays
+    stop = stop_on_signals()  # SIGTERM / SIGINT: finish the iteration, checkpoint, exit 0
     last: dict = {}
 
     bar = tqdm(range(start, cfg.train.iterations + 1), disable=not accelerator.is_main_process, desc="train",
                initial=start - 1, total=cfg.train.iterations)
-    for iteration in bar:
-        # 1-2. The mode and the task rows, identical on all ranks; this rank plays its rows' groups.
-        mode = draw_mode(cfg.memory, cfg.train.seed, iteration)
-        rows = iteration_tasks(train_tasks, cfg.rollout.tasks_per_iteration, cfg.train.seed, iteration)
-        my_rows = list(range(rank, len(rows), world))
-        tasks = [rows[r] for r in my_rows for _ in range(cfg.rollout.group_size)]
-        groups = [r for r in my_rows for _ in range(cfg.rollout.group_size)]
+    try:
+        for iteration in bar:
+            # 1-2. The mode and the task rows, identical on all ranks; this rank plays its rows' groups.
+            mode = draw_mode(cfg.memory, cfg.train.seed, iteration)
+            rows = iteration_tasks(train_tasks, cfg.rollout.tasks_per_iteration, cfg.train.seed, iteration)
+            my_rows = list(range(rank, len(rows), world))
+            tasks = [rows[r] for r in my_rows for _ in range(cfg.rollout.group_size)]
+            groups = [r for r in my_rows for _ in range(cfg.rollout.group_size)]
 
-        t0 = time.perf_counter()
-        model.eval()
-        with full_weights(model):  # FSDP: whole layers while ranks generate different numbers of tokens
-            episodes = run_episodes(model, chat, envs, tasks, groups, mode=mode, memory=memory, cfg=cfg.rollout,
-                                    intrinsic=cfg.intrinsic, pool=threads, progress=bar,
-                                    keep_caches=cfg.memory.enabled)
-            t1 = time.perf_counter()
+            t0 = time.perf_counter()
+            model.eval()
+            with full_weights(model):  # FSDP: whole layers while ranks generate different numbers of tokens
+                episodes = run_episodes(model, chat, envs, tasks, groups, mode=mode, memory=memory, cfg=cfg.rollout,
+                                        intrinsic=cfg.intrinsic, pool=threads, progress=bar,
+                                        keep_caches=cfg.memory.enabled)
+                t1 = time.perf_counter()
 
-            # 3. Tips: the policy reflects on every episode; all ranks apply every rank's tips in rank order.
-            tip_stats = {"tips_written": 0.0, "tips_empty": 0.0}
-            if cfg.memory.enabled:
-                tip_stats = write_tips(model, chat, episodes, memory, cfg.rollout)
-        if memory is not None:
-            memory.sync(lambda obj: gather_objects(accelerator, obj), rank)
-        t2 = time.perf_counter()
+                # An episode cut by an environment crash has a partial return: it is counted in the metrics but not
+                # learned from (no tip, not in its group's advantage statistics, no sample).
+                played = [ep for ep in episodes if ep.truncated != "env_error"]
+                for ep in episodes:
+                    if ep.truncated == "env_error":
+                        ep.kv_cache = None
 
-        # 4-5. Advantages per group (groups never straddle ranks), samples, old log-probs, the clipped update.
-        returns = [advantage_return(ep, cfg.intrinsic) for ep in episodes]
-        advantages = group_advantages(returns, [ep.group for ep in episodes], cfg.loss.advantage_eps)
-        samples = build_samples(episodes, advantages, off_policy_old_logp=cfg.loss.off_policy_old_logp)
-        with full_weights(model):  # the same compute-dtype weights the update's forwards gather layer by layer
-            old_pad, old_positions = compute_old_logprobs(model, samples, chat.pad_id, accelerator.device,
-                                                          cfg.train.micro_batch_size)
-        update_rng = random.Random(derive_seed(cfg.train.seed, "minibatches", iteration, rank))  # resume-exact
-        update_metrics = update(model, optimizer, samples, cfg, accelerator, mode, chat.pad_id, update_rng,
-                                sharded=launch.fsdp)
-        update_metrics["old_logp_padding_frac"] = old_pad / max(old_positions, 1)
-        t3 = time.perf_counter()
+                # 3. Tips: the policy reflects on every episode; all ranks apply every rank's tips in rank order.
+                tip_stats = {"tips_written": 0.0, "tips_empty": 0.0}
+                if cfg.memory.enabled:
+                    tip_stats = write_tips(model, chat, played, memory, cfg.rollout)
+                tip_stats["episodes_excluded"] = float(len(episodes) - len(played))
+            if memory is not None:
+                memory.sync(lambda obj: gather_objects(accelerator, obj), rank)
+            t2 = time.perf_counter()
 
-        # One exchange per iteration: every rank's episodes, update statistics and tip counts.
-        stats = [EpisodeStats.of(ep, intrinsic_return(ep, cfg.intrinsic)) for ep in episodes]
-        parts = gather_objects(accelerator, (stats, update_metrics, tip_stats))
-        record = {"iteration": iteration, "mode": mode, **merge_rank_metrics(parts, memory),
-                  "time_rollout": t1 - t0, "time_tips": t2 - t1, "time_update": t3 - t2}
-        if cfg.train.eval_every and (iteration % cfg.train.eval_every == 0 or iteration == cfg.train.iterations):
-            t4 = time.perf_counter()
-            with full_weights(model):
-                val = evaluate(model, chat, envs, test_tasks, cfg, accelerator=accelerator, pool=threads,
-                               episodes_per_task=cfg.train.eval_episodes_per_task)
-            record.update(val_return_mean=val["return_mean"], val_success_rate=val["success_rate"],
-                          time_eval=time.perf_counter() - t4)
-        logger.log(record)
-        last = record
-        bar.set_postfix(mode=mode, ret=f"{record['return_mean']:.1f}", mem=int(record.get("memory_size", 0)))
+            # 4-5. Advantages per group (groups never straddle ranks), samples, old log-probs, the clipped update.
+            returns = [advantage_return(ep, cfg.intrinsic) for ep in played]
+            advantages = group_advantages(returns, [ep.group for ep in played], cfg.loss.advantage_eps)
+            samples = build_samples(played, advantages, off_policy_old_logp=cfg.loss.off_policy_old_logp)
+            with full_weights(model):  # the same compute-dtype weights the update's forwards gather layer by layer
+                old_pad, old_positions = compute_old_logprobs(model, samples, chat.pad_id, accelerator.device,
+                                                              cfg.train.micro_batch_size)
+            update_rng = random.Random(derive_seed(cfg.train.seed, "minibatches", iteration, rank))  # resume-exact
+            update_metrics = update(model, optimizer, samples, cfg, accelerator, mode, chat.pad_id, update_rng,
+                                    sharded=launch.fsdp)
+            update_metrics["old_logp_padding_frac"] = old_pad / max(old_positions, 1)
+            t3 = time.perf_counter()
 
-        if (cfg.train.save_every and iteration % cfg.train.save_every == 0) or iteration == cfg.train.iterations:
-            save_checkpoint(out_dir, iteration, model, tokenizer, optimizer, memory, accelerator,
-                            cfg.train.keep_checkpoints)
+            if cfg.train.save_episodes:
+                write_episodes(out_dir / "episodes" / f"iter_{iteration:06d}_rank{rank}.jsonl", episodes,
+                               [advantage_return(ep, cfg.intrinsic) for ep in episodes])
+            # One exchange per iteration: every rank's episodes, update statistics and tip counts.
+            stats = [EpisodeStats.of(ep, intrinsic_return(ep, cfg.intrinsic)) for ep in episodes]
+            parts = gather_objects(accelerator, (stats, update_metrics, tip_stats))
+            record = {"iteration": iteration, "mode": mode, **merge_rank_metrics(parts, memory),
+                      "time_rollout": t1 - t0, "time_tips": t2 - t1, "time_update": t3 - t2}
+            if cfg.train.eval_every and (iteration % cfg.train.eval_every == 0 or iteration == cfg.train.iterations):
+                t4 = time.perf_counter()
+                with full_weights(model):
+                    val = evaluate(model, chat, envs, test_tasks, cfg, accelerator=accelerator, pool=threads,
+                                   episodes_per_task=cfg.train.eval_episodes_per_task)
+                record.update(val_return_mean=val["return_mean"], val_success_rate=val["success_rate"],
+                              time_eval=time.perf_counter() - t4)
+            logger.log(record)
+            last = record
+            bar.set_postfix(mode=mode, ret=f"{record['return_mean']:.1f}", mem=int(record.get("memory_size", 0)))
 
+            preempted = not all_ranks(not stop["requested"], accelerator)  # a signal on any rank stops every rank
+            scheduled = cfg.train.save_every and iteration % cfg.train.save_every == 0
+            if scheduled or iteration == cfg.train.iterations or preempted:
+                folder = save_checkpoint(out_dir, iteration, model, tokenizer, optimizer, memory, accelerator,
+                                         cfg.train.keep_checkpoints, to_dict(cfg))
+            if preempted:
+                accelerator.print(f"stopped by a signal after iteration {iteration}: checkpoint {folder}; "
+                                  f"continue with --resume=latest")
+                break
+    finally:
+        stop["restore"]()  # the caller's signal handlers come back whatever happened
     logger.close()
     write_rank_fingerprints(out_dir, model, memory, accelerator)
     if accelerator.is_main_process and (out_dir / "metrics.jsonl").exists():
@@ -325,7 +376,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"config error: {err}")
     try:
         train(cfg)
-    except (ConfigError, ModelLoadError, FileNotFoundError) as err:  # bad input (or launch): one line, no traceback
+    except (ConfigError, ModelLoadError, FileNotFoundError, CheckpointError) as err:  # one line, no traceback
         if isinstance(err, ConfigError) and os.environ.get("RANK", "0") != "0":
             sys.exit(1)  # every rank found the same config problem: rank 0 says it once
         sys.exit(f"error: {err}")

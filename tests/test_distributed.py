@@ -95,24 +95,6 @@ def launch_config(tmp_path, name="fsdp_8gpu.yaml", **changes) -> str:
     return str(file)
 
 
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory):
-    """A tiny random Qwen2 in a plain HF folder with the SmolLM2 tokenizer (a 7B folder's code path)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from models import SMOLLM2_ALIAS, load_tokenizer, resolve_model_path
-
-    folder = tmp_path_factory.mktemp("tiny")
-    tokenizer = load_tokenizer(resolve_model_path(SMOLLM2_ALIAS))
-    torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=2)
-    Qwen2ForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
-
-
 TRAIN_ARGS = ["--config", "configs/sanity_empo2.yaml", "--model.lora=false", "--train.save_every=1",
               "--train.eval_every=2", "--train.eval_tasks=1", "--rollout.group_size=2", "--rollout.tip_max_tokens=6",
               "--rollout.max_action_tokens=6", "--env.sanity.max_steps=2", "--train.tensorboard=false",

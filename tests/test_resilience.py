@@ -1,0 +1,154 @@
+"""Runs that survive: per-rank sampling streams, crashed environments excluded from learning, resume that drops the
+interrupted iteration's rows and refuses a changed config or world size, and SIGTERM -> checkpoint -> exit 0.
+A tiny random Qwen2 on the sanity environment keeps each run to seconds."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+SANITY = str(ROOT / "configs" / "sanity_empo2.yaml")
+pytestmark = pytest.mark.slow
+
+
+def tiny_args(folder: str, out: Path, *extra: str) -> list[str]:
+    return [f"--model.name_or_path={folder}", f"--output_dir={out}", "--rollout.group_size=2",
+            "--rollout.tasks_per_iteration=2", "--env.sanity.max_steps=2", "--rollout.max_action_tokens=6",
+            "--rollout.tip_max_tokens=6", "--train.eval_every=0", "--train.tensorboard=false", "--train.save_every=1",
+            "--train.torch_threads=1", *extra]
+
+
+def rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def clean_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "FSDP_"))}
+    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    return env
+
+
+def test_ranks_sample_their_own_episodes_yet_keep_identical_weights(tmp_path, tiny_folder):
+    """Both ranks play the only training variation: with one shared sampling stream they played the same episodes."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}", "train.py",
+           "--config", SANITY, *tiny_args(tiny_folder, out, "--train.iterations=1", "--env.sanity.train_variations=1",
+                                          "--train.save_episodes=true", "--memory.p_no_memory=1",
+                                          "--memory.p_on_policy_tips=0", "--memory.p_off_policy=0")]
+    proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    played = [[json.loads(line) for line in (out / "episodes" / f"iter_000001_rank{r}.jsonl").read_text().splitlines()]
+              for r in (0, 1)]
+    assert {e["task"] for r in played for e in r} == {played[0][0]["task"]}  # the same variation on both ranks
+    assert [e["actions"] for e in played[0]] != [e["actions"] for e in played[1]]
+    ranks = json.loads((out / "ranks.json").read_text())
+    assert ranks["weights_sha256"][0] == ranks["weights_sha256"][1]
+
+
+def test_a_crashed_episode_is_counted_but_not_learned_from(tmp_path, tiny_folder, monkeypatch):
+    from envs.sanity import SanityEnv
+    from train import train
+
+    original, calls, lock = SanityEnv.step, [0], threading.Lock()
+
+    def crash_on_the_third_step(self, action):  # as an environment whose process died: done, env_error
+        with lock:
+            calls[0] += 1
+            crash = calls[0] == 3
+        if crash:
+            return "", 0.0, True, {"env_error": "injected crash", "success": False, "truncated": True}
+        return original(self, action)
+
+    monkeypatch.setattr(SanityEnv, "step", crash_on_the_third_step)
+    out = tmp_path / "run"
+    train(load_config(SANITY, tiny_args(tiny_folder, out, "--train.iterations=2", "--train.save_episodes=true",
+                                        "--memory.p_no_memory=1", "--memory.p_on_policy_tips=0",
+                                        "--memory.p_off_policy=0")))
+    first, second = rows(out)
+    assert first["episodes_excluded"] == 1 and first["truncated_env_error"] == 0.25  # 1 of 4 episodes
+    assert second["episodes_excluded"] == 0 and second["optimizer_steps"] > 0  # the run went on
+    assert first["samples"] == 3  # three episodes trained (one packed sample each), the crashed one not
+    crashed = [e for e in map(json.loads, (out / "episodes" / "iter_000001_rank0.jsonl").read_text().splitlines())
+               if e["truncated"] == "env_error"]
+    assert len(crashed) == 1 and crashed[0]["tip"] == ""  # no tip from a cut episode
+
+
+def test_resume_drops_the_interrupted_iterations_rows_and_refuses_a_changed_run(tmp_path, tiny_folder):
+    from train import train
+
+    out = tmp_path / "run"
+    train(load_config(SANITY, tiny_args(tiny_folder, out, "--train.iterations=2")))
+    # The interrupted run had logged iteration 3 (and a half-written 4) after its last checkpoint (iteration 2).
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"iteration": 3, "return_mean": 123.0}) + "\n" + '{"iteration": 4, "ret')  # torn
+    resume = tiny_args(tiny_folder, out, "--train.iterations=3", "--resume=latest")
+    with pytest.raises(ConfigError, match="rollout.temperature: 1.0 -> 0.5"):
+        train(load_config(SANITY, resume + ["--rollout.temperature=0.5"]))
+    train(load_config(SANITY, resume))
+    got = rows(out)
+    assert [r["iteration"] for r in got] == [1, 2, 3] and got[2].get("return_mean") != 123.0
+    state = out / "checkpoints" / "iter_000003" / "state.json"
+    state.write_text(json.dumps({**json.loads(state.read_text()), "world_size": 8}))
+    with pytest.raises(ConfigError, match="written by 8 processes, this run has 1"):
+        train(load_config(SANITY, tiny_args(tiny_folder, out, "--train.iterations=4", "--resume=latest")))
+
+
+def test_sigterm_finishes_the_iteration_checkpoints_and_exits_zero(tmp_path, tiny_folder):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "train.py", "--config", SANITY,
+           *tiny_args(tiny_folder, out, "--train.iterations=200", "--train.save_every=0")]
+    log = tmp_path / "log.txt"  # a file, not a pipe: progress bars must never block the child on a full pipe
+    with open(log, "w") as sink:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=clean_env(), stdout=sink, stderr=subprocess.STDOUT, text=True)
+        deadline = time.time() + 240
+        while not ((out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text().strip()):
+            assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=240)
+    assert proc.returncode == 0, log.read_text()[-3000:]
+    done = rows(out)[-1]["iteration"]
+    assert done < 200 and f"stopped by a signal after iteration {done}" in log.read_text()
+    assert (out / "checkpoints" / f"iter_{done:06d}").is_dir()
+    from train import train
+
+    train(load_config(SANITY, tiny_args(tiny_folder, out, f"--train.iterations={done + 1}", "--train.save_every=0",
+                                        "--resume=latest")))
+    assert [r["iteration"] for r in rows(out)] == list(range(1, done + 2))
+
+
+def test_a_checkpoint_that_fails_half_way_keeps_the_previous_one_and_says_so(tmp_path, tiny_folder, monkeypatch):
+    import torch
+
+    import checkpoint
+    from train import train
+
+    out = tmp_path / "run"
+    train(load_config(SANITY, tiny_args(tiny_folder, out, "--train.iterations=1")))
+    before = sorted(p.name for p in (out / "checkpoints" / "iter_000001").rglob("*"))
+    real_save = torch.save
+
+    def disk_full_at_the_optimizer(obj, path, *args, **kwargs):  # the model is already written by then
+        if str(path).endswith("optimizer.pt"):
+            raise OSError(28, "No space left on device")
+        return real_save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint.torch, "save", disk_full_at_the_optimizer)
+    with pytest.raises(checkpoint.CheckpointError, match="cannot write checkpoint iter_000002 .*No space left on "
+                                                         "device.*iter_000001 is intact"):
+        train(load_config(SANITY, tiny_args(tiny_folder, out, "--train.iterations=2", "--resume=latest")))
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["iter_000001"]  # no half checkpoint left
+    assert sorted(p.name for p in (out / "checkpoints" / "iter_000001").rglob("*")) == before
+
