@@ -9,9 +9,11 @@ One iteration's rollout (docs/algorithm.md):
 * in memory modes the tips retrieved for the current observation are appended to that step's user message as a
   `<tip>` block (memory.tip_block). `rollout.tip_placement: current_turn` (default) is the paper's
   pi(a | s_t, u, tips_t): only the current turn carries tips, earlier turns appear without theirs, so each step has
-  its own context and is scored as its own sample; `history` keeps every block where it was retrieved (one packed
-  sequence per episode, but ~850 tokens more context per turn with 10 tips: docs/performance.md);
-* a task whose first message cannot leave room for its episode stops the run at the start (`check_first_turn`);
+  its own context (on-policy-with-tips episodes are scored per step, off-policy ones stay one tip-free sample);
+  `history` keeps every block where it was retrieved (one packed sequence per episode, but ~850 tokens more context
+  per turn with 10 tips: docs/scaling.md);
+* a task whose first message cannot leave room for its episode stops the run (`check_prompt_budget` at the start,
+  `check_first_turn` at every reset);
 * after every training episode the policy writes a one-sentence tip (`write_tips`, the released tip prompt);
   tips are never trained on: they are generated outside the episode stream.
 
@@ -179,6 +181,15 @@ def check_first_turn(chat: ChatStream, ep: Episode, observation: str, step_limit
             f"{cfg.max_action_tokens} tokens an episode needs at least {need} > rollout.max_prompt_tokens="
             f"{cfg.max_prompt_tokens}. Raise rollout.max_prompt_tokens (the model's context allows it?) or shorten "
             f"the first message (e.g. fewer demos)")
+
+
+def check_prompt_budget(chat: ChatStream, env: Env, tasks: list[Task], cfg: RolloutConfig) -> None:
+    """check_first_turn for every task a run will play, before the first iteration (one reset each)."""
+    if cfg.history_window >= 0:  # a window prompt does not grow with the episode
+        return
+    for task in dict.fromkeys(tasks):
+        check_first_turn(chat, Episode(task=task, group=0, mode="no_memory"), env.reset(task), env.step_limit(task),
+                         cfg)
 
 
 def window_turn(chat: ChatStream, env: Env, window: int, block: str):

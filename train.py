@@ -49,8 +49,8 @@ from losses import compute_old_logprobs, group_advantages, length_buckets, padde
 from memory import TipMemory, make_scorer
 from metrics import EpisodeStats, MetricsLogger, merge_rank_metrics, plot_metrics, write_episodes
 from models import ModelLoadError, load_policy
-from rollout import (ChatStream, Sample, advantage_return, build_samples, draw_mode, intrinsic_return, run_episodes,
-                     write_tips)
+from rollout import (ChatStream, Sample, advantage_return, build_samples, check_prompt_budget, draw_mode,
+                     intrinsic_return, run_episodes, write_tips)
 from runtime import check_launch, derive_seed, full_weights, gather_objects, make_accelerator, shard_model
 
 
@@ -265,6 +265,7 @@ def train(cfg: Config) -> dict:
     test_tasks = envs[0].tasks("test")
     if cfg.train.eval_tasks > 0:
         test_tasks = test_tasks[: cfg.train.eval_tasks]
+    check_prompt_budget(chat, envs[0], train_tasks + (test_tasks if cfg.train.eval_every else []), cfg.rollout)
     logger = MetricsLogger(out_dir, cfg, accelerator.is_main_process, start)  # drops rows a resume replays
     stop = stop_on_signals()  # SIGTERM / SIGINT: finish the iteration, checkpoint, exit 0
     last: dict = {}

@@ -95,8 +95,8 @@ def launch_config(tmp_path, name="fsdp_8gpu.yaml", **changes) -> str:
     return str(file)
 
 
-TRAIN_ARGS = ["--config", "configs/sanity_empo2.yaml", "--model.lora=false", "--train.save_every=1",
-              "--train.eval_every=2", "--train.eval_tasks=1", "--rollout.group_size=2", "--rollout.tip_max_tokens=6",
+TRAIN_ARGS = ["--config", "configs/sanity_empo2.yaml", "--model.lora=false", "--model.gradient_checkpointing=true",
+              "--train.save_every=1", "--train.eval_every=2", "--train.eval_tasks=1", "--rollout.group_size=2", "--rollout.tip_max_tokens=6",
               "--rollout.max_action_tokens=6", "--env.sanity.max_steps=2", "--train.tensorboard=false",
               "--memory.p_no_memory=0", "--memory.p_on_policy_tips=0", "--memory.p_off_policy=1"]
 

@@ -80,6 +80,16 @@ def test_chat_stream_matches_the_chat_template(policy):
     assert built == tokenizer.encode(rendered, add_special_tokens=False)
 
 
+def tip_free_conversation(chat, observations: list[str], actions: list[list[int]]) -> list[int]:
+    """The episode's conversation without any tip block, rendered turn by turn from its messages and action ids."""
+    expected = chat.first_turn(observations[0])
+    for k, action in enumerate(actions):
+        expected += action
+        if k + 1 < len(actions):
+            expected += chat.close_action(action) + chat.next_turn(observations[k + 1])
+    return expected
+
+
 @pytest.mark.slow
 def test_twin_stream_is_the_episode_rendered_without_tips(policy, rooms_env):
     chat, eps = play(policy, rooms_env, "off_policy", filled_memory())
@@ -88,12 +98,7 @@ def test_twin_stream_is_the_episode_rendered_without_tips(policy, rooms_env):
         assert "<tip>" in chat.decode(ep.ids) and "<tip>" not in chat.decode(ep.twin_ids)
         # Rebuild the tip-free conversation from its messages and the generated action ids, token for token.
         action_runs = [s.ids[len(s.ids) - sum(s.mask):] for s in per_step_samples(build_samples([ep], [0.0])[0])]
-        expected = chat.first_turn(ep.observations[0])
-        for k, action in enumerate(action_runs):
-            expected += action
-            if k + 1 < len(action_runs):
-                expected += chat.close_action(action) + chat.next_turn(ep.observations[k + 1])
-        assert ep.twin_ids == expected
+        assert ep.twin_ids == tip_free_conversation(chat, ep.observations, action_runs)
         # Actions are the same tokens in the same order in both streams.
         assert [t for t, m in zip(ep.ids, ep.mask) if m] == [t for t, m in zip(ep.twin_ids, ep.twin_mask) if m]
         # The with-tip stream carries exactly the retrieved block in every user turn.
@@ -293,11 +298,6 @@ def test_a_hostile_tip_never_leaks_into_the_tip_free_twin(policy, rooms_env, pla
         # echoes actions in its observations, so text search cannot tell): rebuilt token for token.
         runs = [s.action_ids for s in ep.steps] or [
             s.ids[len(s.ids) - sum(s.mask):] for s in per_step_samples(build_samples([ep], [0.0])[0])]
-        expected = chat.first_turn(ep.observations[0])
-        for k, action in enumerate(runs):
-            expected += action
-            if k + 1 < len(runs):
-                expected += chat.close_action(action) + chat.next_turn(ep.observations[k + 1])
-        assert ep.twin_ids == expected
+        assert ep.twin_ids == tip_free_conversation(chat, ep.observations, runs)
         (sample,) = build_samples([ep], [1.0])
         assert sample.ids == ep.twin_ids  # the off-policy update scores the tip-free stream
