@@ -152,3 +152,33 @@ def test_a_checkpoint_that_fails_half_way_keeps_the_previous_one_and_says_so(tmp
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["iter_000001"]  # no half checkpoint left
     assert sorted(p.name for p in (out / "checkpoints" / "iter_000001").rglob("*")) == before
 
+
+
+def test_a_run_killed_in_iteration_3_and_resumed_equals_an_uninterrupted_run(tmp_path, tiny_folder):
+    """SIGKILL (no chance to checkpoint) in the middle of the run; the resumed run's metrics (timings aside) and
+    weights equal those of a run that was never interrupted, across all three modes and an evaluation."""
+    args = ["--config", SANITY, "--train.iterations=4", "--train.eval_every=2", "--train.eval_tasks=2",
+            "--memory.p_no_memory=0.5", "--memory.p_on_policy_tips=0.25", "--memory.p_off_policy=0.25"]
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    done = subprocess.run([sys.executable, "train.py", *args, *tiny_args(tiny_folder, whole)], cwd=ROOT,
+                          env=clean_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(tmp_path / "log.txt", "w") as sink:
+        proc = subprocess.Popen([sys.executable, "train.py", *args, *tiny_args(tiny_folder, killed)], cwd=ROOT,
+                                env=clean_env(), stdout=sink, stderr=subprocess.STDOUT)
+        deadline = time.time() + 240
+        while not ((killed / "metrics.jsonl").exists() and len(rows(killed)) >= 2):
+            assert proc.poll() is None and time.time() < deadline
+            time.sleep(0.05)
+        proc.kill()  # SIGKILL during iteration 3 (or while iteration 2's checkpoint is written)
+        proc.wait(timeout=60)
+    again = subprocess.run([sys.executable, "train.py", *args, *tiny_args(tiny_folder, killed), "--resume=latest"],
+                           cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+
+    def without_times(out):
+        return [{k: v for k, v in r.items() if not k.startswith("time")} for r in rows(out)]
+
+    assert {r["mode"] for r in rows(whole)} == {"no_memory", "on_policy_tips", "off_policy"}
+    assert without_times(killed) == without_times(whole)
+    assert json.loads((killed / "ranks.json").read_text()) == json.loads((whole / "ranks.json").read_text())
