@@ -5,12 +5,13 @@ from concurrent.futures import ThreadPoolExecutor
 from envs.base import Env, Task
 
 
-def make_env(env_cfg) -> Env:
-    """env_cfg: config.EnvConfig. Imports lazily so ScienceWorld/Java is only needed when used."""
+def make_env(env_cfg, jvm_host=None) -> Env:
+    """env_cfg: config.EnvConfig. Imports lazily so ScienceWorld/Java is only needed when used. jvm_host: a shared
+    ScienceWorld JVM (None: its own)."""
     if env_cfg.name == "scienceworld":
         from envs.scienceworld import ScienceWorldEnv
 
-        return ScienceWorldEnv(env_cfg.scienceworld)
+        return ScienceWorldEnv(env_cfg.scienceworld, jvm_host)
     if env_cfg.name == "webshop":
         from envs.webshop import WebShopEnv
 
@@ -23,9 +24,15 @@ def make_env(env_cfg) -> Env:
 
 
 def make_env_pool(env_cfg, size: int) -> list[Env]:
-    """`size` environments, started in parallel threads (a ScienceWorld JVM takes 1-2.5 s to start)."""
-    with ThreadPoolExecutor(max_workers=min(size, 8)) as pool:
-        return list(pool.map(lambda _: make_env(env_cfg), range(size)))
+    """`size` environments, started in parallel threads (a ScienceWorld JVM takes 1-2.5 s to start); ScienceWorld
+    with `jvms: N` spreads them over N shared JVMs."""
+    hosts = [None] * size
+    if env_cfg.name == "scienceworld" and env_cfg.scienceworld.jvms > 0:
+        from envs.scienceworld import shared_hosts
+
+        hosts = shared_hosts(env_cfg.scienceworld, size)
+    with ThreadPoolExecutor(max_workers=max(1, min(size, 8))) as pool:
+        return list(pool.map(lambda host: make_env(env_cfg, host), hosts))
 
 
 __all__ = ["Env", "Task", "make_env", "make_env_pool"]

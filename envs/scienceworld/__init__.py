@@ -10,7 +10,7 @@ logging), demos (gold-path few-shot demos and their cache), env (the Env), __mai
 the first JVM does.
 """
 from .config import ScienceWorldConfig
-from .env import ScienceWorldEnv
+from .env import ScienceWorldEnv, shared_hosts
 from .prompts import NAIVE_INSTRUCTION, best_match, build_instruction, clean_action, focus_items
 
 __all__ = [
@@ -21,4 +21,5 @@ __all__ = [
     "build_instruction",
     "clean_action",
     "focus_items",
+    "shared_hosts",
 ]

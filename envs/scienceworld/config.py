@@ -24,3 +24,7 @@ class ScienceWorldConfig:
     java_heap_mb: int = 512  # JVM -Xmx (skipped when the user sets JAVA_TOOL_OPTIONS); 0 = JVM default
     env_step_limit: int = 100  # ScienceWorld's own move limit (envStepLimit)
     call_timeout_s: float = 300.0  # a JVM call taking longer counts as a crash (restart); 0 = no timeout
+    # JVMs per process for the rollout's environments: 0 = one per environment (~370 MB each); N = the environments
+    # spread over N shared JVMs (less memory; environments on one JVM take turns, each in its own world)
+    jvms: int = 0
+    fixed_hash_order: bool = True  # the same object order in every run (JVM -XX:hashCode=2; envs/scienceworld/jvm.py)

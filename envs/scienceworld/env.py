@@ -37,7 +37,7 @@ from envs.base import Env, Task, history_window_prompt
 
 from . import demos as demo_cache
 from .config import ScienceWorldConfig
-from .jvm import Jvm, env_errors, start_jvm
+from .jvm import JvmHost, env_errors
 from .prompts import NAIVE_INSTRUCTION, best_match, build_instruction, clean_action, task_description
 
 logger = logging.getLogger(__name__)
@@ -59,10 +59,14 @@ class ScienceWorldEnv(Env):
     _split_lock = threading.Lock()
     _split_cache: dict[str, tuple[list[int], list[int], list[int], int]] = {}
 
-    def __init__(self, cfg: ScienceWorldConfig | None = None):
+    def __init__(self, cfg: ScienceWorldConfig | None = None, host: JvmHost | None = None):
+        """host: a JVM shared with other environments (`make_hosts`); None = a JVM of its own."""
         self.cfg = cfg or ScienceWorldConfig()
         self._lock = threading.RLock()
-        self._jvm: Jvm | None = None
+        self._host = host or JvmHost(self.cfg.java_heap_mb, self.cfg.call_timeout_s, self.cfg.fixed_hash_order)
+        self._token = self._host.register()
+        self._server_obj = None  # this environment's PythonInterface (its world) in the host's JVM
+        self._generation = 0  # the host JVM it lives in
         self._loaded: tuple[str, int, str] | None = None  # what the JVM has loaded (task, variation, simplification)
         self._task: Task | None = None
         self._first_message = ""
@@ -73,44 +77,49 @@ class ScienceWorldEnv(Env):
         self._last_info: dict = {}
         self._closed = False
         self.restarts = 0
-        for name in self.cfg.tasks:
-            self._check_task(name)
-        self._start_jvm()
         try:
-            for name in self.cfg.tasks:  # validates the names and fills the split cache before any episode
-                self._splits(name)
+            for name in self.cfg.tasks:
+                self._check_task(name)
+            with self._turn():
+                self._start_jvm()
+                for name in self.cfg.tasks:  # validates the names and fills the split cache before any episode
+                    self._splits(name)
         except BaseException:
-            self._stop_jvm()
+            self._release()
+            self._host.unregister(self._token)
             raise
 
     # ------------------------------------------------------------------ JVM
 
+    def _turn(self):
+        """Hold this environment's JVM for a sequence of calls (its world's globals swapped in when shared)."""
+        return self._host.session(self._token)
+
     def _start_jvm(self) -> None:
-        self._jvm = start_jvm(self.cfg.java_heap_mb, self.cfg.call_timeout_s)
+        self._server_obj, self._generation = self._host.server(self._token)
         self._loaded = None
 
-    def _stop_jvm(self) -> None:
-        jvm, self._jvm, self._loaded = self._jvm, None, None
-        if jvm is not None:
-            jvm.kill()
+    def _release(self) -> None:
+        self._server_obj, self._loaded = None, None
 
     def _restart(self) -> None:
         logger.warning("ScienceWorld JVM failed; starting a new one")
         self.restarts += 1
-        self._stop_jvm()
+        self._host.failed(self._generation)  # a shared JVM that another environment already replaced stays
+        self._release()
         self._start_jvm()
 
     @property
     def jvm_pid(self) -> int | None:
-        """The process id of this env's JVM (None when none is running)."""
-        return self._jvm.pid if self._jvm is not None else None
+        """The process id of this env's JVM (None when none is running or the env is closed)."""
+        return self._host.pid if self._server_obj is not None else None
 
     @property
     def _server(self):
-        """The JVM's PythonInterface object (py4j proxy); starts a JVM when none is running."""
-        if self._jvm is None:
+        """This environment's PythonInterface object (py4j proxy); starts a JVM when none is running."""
+        if self._server_obj is None:
             self._start_jvm()
-        return self._jvm.server
+        return self._server_obj
 
     def _load(self, name: str, variation: int, gold: bool = False) -> None:
         """Load (task, variation) into the JVM; a loaded task starts from its initial state."""
@@ -158,7 +167,7 @@ class ScienceWorldEnv(Env):
     def tasks(self, split: str) -> list[Task]:
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-        with self._lock:
+        with self._lock, self._turn():
             out = []
             for name in self.cfg.tasks:
                 train, _, test, _ = self._splits(name)
@@ -170,7 +179,8 @@ class ScienceWorldEnv(Env):
         """The few-shot transcripts for task `name` (generated once per process / cache directory)."""
         if self.cfg.num_demos <= 0:
             return []
-        return demo_cache.cached_demos(self.cfg, name, lambda: self._generate_demos(name))
+        with self._lock, self._turn():  # the host before the cache's lock, always in this order
+            return demo_cache.cached_demos(self.cfg, name, lambda: self._generate_demos(name))
 
     def _generate_demos(self, name: str) -> tuple[list[str], list[int]]:
         """Replay ScienceWorld's gold path on held-out training (then dev) variations."""
@@ -184,7 +194,7 @@ class ScienceWorldEnv(Env):
 
     def gold_actions(self, task: Task) -> list[str]:
         """ScienceWorld's gold action sequence for `task` (0.1-14 s). Ends the current episode, if any."""
-        with self._lock:
+        with self._lock, self._turn():
             self._done = True
             self._load(task.name, task.variation, gold=True)
             return [str(a) for a in self._server.getGoldActionSequence()]
@@ -198,7 +208,7 @@ class ScienceWorldEnv(Env):
     # ------------------------------------------------------------------ episodes
 
     def reset(self, task: Task) -> str:
-        with self._lock:
+        with self._lock, self._turn():
             if self._closed:
                 raise RuntimeError("reset() on a closed ScienceWorldEnv")
             for attempt in (0, 1):
@@ -275,7 +285,7 @@ class ScienceWorldEnv(Env):
         return observation.startswith(NO_MATCH) or observation.startswith(UNKNOWN_ACTION_PREFIX)
 
     def step(self, action) -> tuple[str, float, bool, dict]:
-        with self._lock:
+        with self._lock, self._turn():
             if self._task is None:
                 raise RuntimeError("step() called before reset()")
             if self._closed:
@@ -318,7 +328,7 @@ class ScienceWorldEnv(Env):
             self._restart()
         except Exception as restart_err:  # reset() will try again
             logger.error("ScienceWorld restart failed: %s", restart_err)
-            self._stop_jvm()
+            self._release()
         self._steps += 1
         self._done = True
         info = self._info(action=cleaned, env_error=message or "ScienceWorld error", raw_action=cleaned,
@@ -334,7 +344,7 @@ class ScienceWorldEnv(Env):
 
     def valid_actions(self) -> list[str]:
         """ScienceWorld's valid actions in the current state (costly: 20-200 ms)."""
-        with self._lock:
+        with self._lock, self._turn():
             return self._valid_actions()
 
     # ------------------------------------------------------------------ prompts
@@ -358,13 +368,26 @@ class ScienceWorldEnv(Env):
 
     def close(self) -> None:
         with self._lock:
-            self._closed = True
-            self._stop_jvm()
+            if not self._closed:
+                self._closed = True
+                self._release()
+                self._host.unregister(self._token)  # the host's last environment stops its JVM
 
     def __del__(self):
         try:
-            jvm = getattr(self, "_jvm", None)
-            if jvm is not None:
-                jvm.kill()
+            if not getattr(self, "_closed", True):
+                self.close()
         except Exception:
             pass
+
+
+def shared_hosts(cfg: ScienceWorldConfig, size: int) -> list[JvmHost]:
+    """The host of each of `size` environments: `cfg.jvms` shared JVMs, environment i on JVM i % jvms (so the N
+    episodes of a group, which sit next to each other, are spread over the JVMs). -Xmx grows with the environments
+    a JVM serves."""
+    count = max(1, min(cfg.jvms, size))
+    per_jvm = -(-size // count)
+    heap = cfg.java_heap_mb * per_jvm if cfg.java_heap_mb > 0 else 0
+    hosts = [JvmHost(heap, cfg.call_timeout_s, cfg.fixed_hash_order) for _ in range(count)]
+    return [hosts[i % count] for i in range(size)]
+

@@ -1,15 +1,34 @@
-"""One ScienceWorld JVM: launch (with -Xmx and a call timeout), kill, the errors that mean "it died", quiet logs.
+"""ScienceWorld JVMs: launch (with -Xmx, a call timeout and a fixed hash order), kill, the errors that mean "it
+died", quiet logs, and `JvmHost`: one JVM serving one or several environments.
 
 `start_jvm` does what `scienceworld.ScienceWorldEnv.__init__` does (py4j `launch_gateway` on ScienceWorld's jar,
-then a `PythonInterface` server object), plus two things:
+then a `PythonInterface` server object), plus three things:
 
 * Memory: the java command line gets ``-Xmx{java_heap_mb}m`` (default 512 MB; ~370 MB RSS measured; 0 = the JVM
   default, 0.6-1 GB RSS). Deviation from "set JAVA_TOOL_OPTIONS": a flag on the command line changes no
   process-wide environment variable, so JVMs can be started from parallel threads. When the user has set
   JAVA_TOOL_OPTIONS we add nothing, so their settings apply.
 * A py4j socket read timeout (``call_timeout_s``): a JVM call slower than that raises, i.e. counts as a crash.
+* A fixed order (``fixed_hash_order``, default on): ScienceWorld keeps a room's objects in hash sets keyed by Java
+  identity hash codes, which HotSpot draws from per-thread random streams; py4j serves calls on whichever of its
+  Java threads is free, so the order in which a room lists its objects (and the valid-action list, and so the
+  action-correction choice among ties) changed from run to run (measured: 1 of 6 identical scripted runs differed).
+  ``-XX:hashCode=2`` gives every object the same identity hash, so the sets keep insertion order: the same text on
+  every run, in any thread, in a shared JVM. Deviation: the listing order differs from a stock JVM's (which has no
+  fixed order); the objects, the dynamics and the scores are the same. Step times were unchanged (44-52 s vs 47-48 s
+  for 100 gold steps with valid-action lists on 4 tasks).
 
 The env talks to the server object directly, so the package's Python wrapper class is never built.
+
+`JvmHost` (``env.scienceworld.jvms``): several environments can share one JVM, each with its own PythonInterface
+(its own simulated world). ScienceWorld keeps two pieces of a world's state process-wide: the object-id counter
+(``util.UniqueIdentifier``, reset by every load) and Scala's global random generator (``scala.util.Random``,
+seeded with the variation by every load and drawn at every tick, e.g. by wandering animals). So environments on a
+host take turns (one call sequence at a time), and on a change of turn the host saves the previous environment's
+counter and generator seed and restores the next one's (`JvmHost.session`): every environment sees exactly what it
+would see in a JVM of its own (tested). Reading the generator's seed needs ``--add-opens java.base/java.util``.
+A crash or timeout of a shared JVM ends the episodes of all its environments (each gets ``env_error``) and the next
+call starts a fresh JVM.
 
 `env_errors()` are the exceptions of a dead, killed or failing JVM (py4j errors, socket errors); the env answers them
 by restarting the JVM. py4j and scienceworld are imported only when a JVM is started.
@@ -24,6 +43,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from contextlib import contextmanager
 
 _quiet_lock = threading.Lock()
 
@@ -67,13 +87,18 @@ class Jvm:
         kill_jvm(self.gateway, self.proc)
 
 
-def start_jvm(java_heap_mb: int, call_timeout_s: float) -> Jvm:
+FIXED_HASH_ORDER = ["-XX:+UnlockExperimentalVMOptions", "-XX:hashCode=2"]  # every identity hash is 1
+OPEN_RANDOM = ["--add-opens", "java.base/java.util=ALL-UNNAMED"]  # JvmHost reads java.util.Random's seed
+RANDOM_MULTIPLIER = 0x5DEECE66D  # java.util.Random: setSeed(s) stores s ^ this (nextGaussian's cache: never used)
+
+
+def start_jvm(java_heap_mb: int, call_timeout_s: float, fixed_hash_order: bool = True) -> Jvm:
     """Launch a ScienceWorld JVM and connect to it."""
     from py4j.java_gateway import CallbackServerParameters, GatewayParameters, JavaGateway, launch_gateway
     from scienceworld.constants import BASEPATH, JAR_PATH
 
     quiet_py4j_logging()
-    javaopts = []
+    javaopts = list(OPEN_RANDOM) + (FIXED_HASH_ORDER if fixed_hash_order else [])
     if java_heap_mb > 0 and "JAVA_TOOL_OPTIONS" not in os.environ:
         javaopts.append(f"-Xmx{int(java_heap_mb)}m")
     port, proc = launch_gateway(
@@ -120,3 +145,94 @@ def kill_jvm(gateway, proc) -> None:
         proc.wait(timeout=5)
     except Exception:
         pass
+
+
+class JvmHost:
+    """One JVM serving one or several environments; each environment gets its own PythonInterface (`server`).
+
+    Environments call `session(token)` around every sequence of server calls: calls on a host are serialised, and
+    when the turn passes to another environment its per-world JVM globals (object-id counter, global random seed)
+    are swapped in. After a crash, `failed(generation)` kills the JVM once (other environments that then fail on
+    the same dead JVM find it already replaced) and the next `server()` starts a fresh one."""
+
+    def __init__(self, java_heap_mb: int, call_timeout_s: float, fixed_hash_order: bool = True):
+        self.java_heap_mb, self.call_timeout_s, self.fixed_hash_order = java_heap_mb, call_timeout_s, fixed_hash_order
+        self._lock = threading.RLock()
+        self._jvm: Jvm | None = None
+        self.generation = 0  # +1 per JVM started: tells a server of a dead JVM from a live one
+        self._users = 0
+        self._next_token = 0
+        self._owner: int | None = None  # whose world globals are in the JVM now
+        self._saved: dict[int, tuple[int, int]] = {}  # token -> (object-id counter, random seed) while not in turn
+        self._ids = self._seed = None  # py4j proxies: UniqueIdentifier module; (global java.util.Random, its seed field)
+
+    @property
+    def pid(self) -> int | None:
+        return self._jvm.pid if self._jvm is not None else None
+
+    def register(self) -> int:
+        """A new environment on this host: its token for `session`."""
+        with self._lock:
+            self._users += 1
+            self._next_token += 1
+            return self._next_token
+
+    def unregister(self, token: int) -> None:
+        """An environment closed; the last one stops the JVM."""
+        with self._lock:
+            self._users -= 1
+            self._saved.pop(token, None)
+            if self._users <= 0:
+                self._kill()
+
+    def server(self, token: int) -> tuple[object, int]:
+        """(a new PythonInterface for environment `token`, the JVM generation it lives in); starts the JVM if none
+        runs (the caller is then the one whose globals are in it)."""
+        with self._lock:
+            if self._jvm is None:
+                self._jvm = start_jvm(self.java_heap_mb, self.call_timeout_s, self.fixed_hash_order)
+                self.generation += 1
+                self._owner, self._saved, self._ids, self._seed = token, {}, None, None
+                return self._jvm.server, self.generation  # the one start_jvm made
+            return self._jvm.gateway.jvm.scienceworld.runtime.pythonapi.PythonInterface(), self.generation
+
+    def failed(self, generation: int) -> None:
+        """A call into JVM `generation` failed: kill it (once; a later generation is left alone)."""
+        with self._lock:
+            if generation == self.generation:
+                self._kill()
+
+    def _kill(self) -> None:
+        jvm, self._jvm, self._owner, self._ids, self._seed = self._jvm, None, None, None, None
+        if jvm is not None:
+            jvm.kill()
+
+    @contextmanager
+    def session(self, token: int):
+        """Hold the host for one environment's calls, with that environment's world globals in the JVM."""
+        with self._lock:
+            if self._owner != token:
+                if self._users > 1 and self._jvm is not None:
+                    try:
+                        self._swap(token)
+                    except env_errors():  # a dead JVM: the environment's own next call fails and restarts it
+                        self._kill()
+                self._owner = token
+            yield
+
+    def _swap(self, token: int) -> None:
+        if self._ids is None:
+            gateway = self._jvm.gateway
+            module = gateway.jvm.java.lang.Class.forName("util.UniqueIdentifier$").getField("MODULE$").get(None)
+            scala_random = gateway.jvm.java.lang.Class.forName("scala.util.Random$").getField("MODULE$").get(None)
+            generator = scala_random.self()  # the java.util.Random behind scala.util.Random
+            field = generator.getClass().getDeclaredField("seed")
+            field.setAccessible(True)
+            self._ids, self._seed = module, (generator, field)
+        generator, field = self._seed
+        if self._owner is not None:
+            self._saved[self._owner] = (int(self._ids.count()), int(field.get(generator)))  # py4j: the AtomicLong's value
+        if token in self._saved:  # an environment that never loaded a world has nothing to restore
+            count, seed = self._saved.pop(token)
+            getattr(self._ids, "count_$eq")(count)
+            generator.setSeed(seed ^ RANDOM_MULTIPLIER)  # setSeed scrambles its argument with the multiplier
