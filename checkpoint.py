@@ -12,6 +12,7 @@ The newest `keep` checkpoints are kept.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -22,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from config import ConfigError
+from config import Config, ConfigError
 from models import load_trainable, save_model
 from runtime import gather_objects, is_sharded
 
@@ -110,18 +111,22 @@ def find_checkpoint(out_dir: Path, resume: str) -> Path | None:
     return path
 
 
-# Keys a resumed run may change: how long it runs, what it logs and keeps, where it writes. Anything else (the model,
-# the loss, the rollout, the seed, ...) would make the continuation a different run than the one checkpointed.
+# Keys a resumed run may change: how long it runs, what it logs and keeps, where it writes, how many JVMs its
+# environments share (the same worlds either way). Anything else (the model, the loss, the rollout, the seed, ...)
+# would make the continuation a different run than the one checkpointed.
 RESUMABLE_CHANGES = {"output_dir", "resume", "train.iterations", "train.eval_every", "train.eval_tasks",
                      "train.eval_episodes_per_task", "train.save_every", "train.keep_checkpoints",
-                     "train.torch_threads", "train.tensorboard", "train.wandb_project", "train.save_episodes"}
+                     "train.torch_threads", "train.tensorboard", "train.wandb_project", "train.save_episodes",
+                     "env.scienceworld.jvms"}
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict:
-    out = {}
+def _flatten(tree: dict, schema=None, prefix: str = "") -> dict:
+    """{"section.key": value} down to the config schema's leaves (a dict-valued key is one leaf)."""
+    schema, out = Config() if schema is None else schema, {}
     for key, value in tree.items():
-        if isinstance(value, dict) and not (prefix + key).endswith("max_steps_per_task"):
-            out.update(_flatten(value, f"{prefix}{key}."))
+        section = getattr(schema, key, None)
+        if isinstance(value, dict) and dataclasses.is_dataclass(section):
+            out.update(_flatten(value, section, f"{prefix}{key}."))
         else:
             out[prefix + key] = value
     return out

@@ -34,38 +34,49 @@ from runtime import LaunchError, check_launch, derive_seed, gather_objects, make
 
 
 def evaluate(model, chat: ChatStream, envs: list, tasks: list, cfg: Config, *, accelerator=None,
-             episodes_per_task: int = 1, pool: ThreadPoolExecutor | None = None, progress=None) -> dict:
-    """No-memory episodes on `tasks`; returns overall and per-task statistics (same on all ranks)."""
+             episodes_per_task: int = 1, pool: ThreadPoolExecutor | None = None, progress=None,
+             seed: int | None = None) -> dict:
+    """No-memory episodes on `tasks`; returns overall and per-task statistics and every episode (same on all ranks).
+
+    Case (task, k) is the k-th episode of a task. seed: case (task, k) samples from its own stream
+    derive_seed(seed, task, k), so its episode is the same at any batch size, number of processes or order of
+    cases (up to floating-point differences between batch shapes); None: torch's global stream."""
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
-    jobs = [task for task in tasks for _ in range(episodes_per_task)][rank::world]
+    cases = [(task, k) for task in tasks for k in range(episodes_per_task)][rank::world]
     results = []
     model.eval()
-    for start in range(0, len(jobs), len(envs)):
-        chunk = jobs[start : start + len(envs)]
-        episodes = run_episodes(model, chat, envs, chunk, list(range(len(chunk))), mode="no_memory", memory=None,
-                                cfg=cfg.rollout, temperature=cfg.train.eval_temperature, pool=pool)
-        results += [(ep.task.key, ep.extrinsic_return, ep.success, ep.num_actions) for ep in episodes]
+    for start in range(0, len(cases), len(envs)):
+        chunk = cases[start : start + len(envs)]
+        seeds = None if seed is None else [derive_seed(seed, task.key, k) for task, k in chunk]
+        episodes = run_episodes(model, chat, envs, [task for task, _ in chunk], list(range(len(chunk))),
+                                mode="no_memory", memory=None, cfg=cfg.rollout, temperature=cfg.train.eval_temperature,
+                                pool=pool, seeds=seeds)
+        results += [{"task": ep.task.key, "case": k, "return": ep.extrinsic_return, "success": ep.success,
+                     "length": ep.num_actions, "truncated": ep.truncated} for ep, (_, k) in zip(episodes, chunk)]
         if progress is not None:
             progress.update(len(chunk))
-    results = [r for part in gather_objects(accelerator, results) for r in part]
+    # Sorted by case: the statistics do not depend on which rank played what (floating-point sums included).
+    results = sorted((r for part in gather_objects(accelerator, results) for r in part),
+                     key=lambda r: (r["task"], r["case"]))
     per_task: dict = defaultdict(list)
-    for key, ret, success, length in results:
-        per_task[key].append((ret, success, length))
-    returns = [r[1] for r in results]
+    for r in results:
+        per_task[r["task"]].append(r)
+    returns = [r["return"] for r in results]
     return {
         "return_mean": float(np.mean(returns)) if returns else 0.0,
         "return_std": float(np.std(returns)) if returns else 0.0,
-        "success_rate": float(np.mean([r[2] for r in results])) if results else 0.0,
+        "success_rate": float(np.mean([r["success"] for r in results])) if results else 0.0,
         "episodes": len(results),
         "per_task": {
             key: {
-                "return_mean": float(np.mean([v[0] for v in vals])),
-                "success_rate": float(np.mean([v[1] for v in vals])),
-                "episode_length": float(np.mean([v[2] for v in vals])),
+                "return_mean": float(np.mean([v["return"] for v in vals])),
+                "success_rate": float(np.mean([v["success"] for v in vals])),
+                "episode_length": float(np.mean([v["length"] for v in vals])),
                 "episodes": len(vals),
             }
             for key, vals in sorted(per_task.items())
         },
+        "episode_results": results,
     }
 
 
@@ -151,7 +162,7 @@ def main(argv: list[str] | None = None) -> dict:
         bar = tqdm(total=len(tasks) * per_task // accelerator.num_processes, desc="eval",
                    disable=not accelerator.is_main_process)
         result = evaluate(model, chat, envs, tasks, cfg, accelerator=accelerator, episodes_per_task=per_task,
-                          pool=pool, progress=bar)
+                          pool=pool, progress=bar, seed=derive_seed(cfg.train.seed, "evaluation"))
         bar.close()
         if int(extra["memory_rounds"]) > 0:
             if accelerator.num_processes > 1:

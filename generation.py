@@ -83,6 +83,30 @@ def sampling_kwargs(temperature: float, top_p: float) -> dict:
     return dict(do_sample=False, temperature=None, top_p=None, top_k=None)
 
 
+class RowSampler:
+    """A logits processor that samples every row from its own seeded torch.Generator (temperature and top-p applied
+    here) and returns logits that allow only the chosen token, which greedy decoding then takes. So a row's tokens
+    depend on its seed and its own logits only: not on the other rows of the batch, the batch size, or what was
+    sampled before from torch's global stream (which it leaves untouched)."""
+
+    def __init__(self, seeds: list[int], temperature: float, top_p: float):
+        self.generators = [torch.Generator().manual_seed(int(seed)) for seed in seeds]
+        self.temperature, self.top_p = temperature, top_p
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(scores.float() / self.temperature, dim=-1)  # [B, V]
+        if self.top_p < 1.0:  # keep the smallest set of most likely tokens whose mass reaches top_p
+            sorted_probs, order = probs.sort(dim=-1, descending=True)
+            outside = sorted_probs.cumsum(-1) - sorted_probs > self.top_p
+            probs = probs.scatter(-1, order, sorted_probs.masked_fill(outside, 0.0))
+        cdf = probs.cumsum(-1)
+        uniform = torch.stack([torch.rand((), generator=g) for g in self.generators]).to(cdf.device, cdf.dtype)
+        chosen = torch.searchsorted(cdf, (uniform * cdf[:, -1]).unsqueeze(-1), right=True)
+        # u * total rounds up to total once in ~1e7 draws: stay on the last token that has probability
+        last = probs.shape[-1] - 1 - (probs.flip(-1) > 0).to(torch.int64).argmax(-1, keepdim=True)
+        return torch.full_like(scores, float("-inf")).scatter(-1, torch.minimum(chosen, last), 0.0)
+
+
 def cut_at_eos(row: list[int], eos_id: int | list[int]) -> list[int]:
     """A generated row up to and including its first eos (any of the ids in a list; the rest is padding)."""
     stops = {eos_id} if isinstance(eos_id, int) else set(eos_id)
@@ -160,9 +184,10 @@ def prefill(model, contexts: list[list[int]], pad_id: int, batch_size: int = 0) 
 @torch.no_grad()
 def generate(model, pad_id: int, eos_id: int, contexts: list[list[int]], *, max_new_tokens: int,
              temperature: float, top_p: float = 1.0, batch_size: int = 0,
-             caches: list[PrefixCache | None] | None = None) -> list[list[int]]:
+             caches: list[PrefixCache | None] | None = None, seeds: list[int] | None = None) -> list[list[int]]:
     """Sample a continuation of every context (cut after its first eos, kept), batched `batch_size` at a time.
-    A row stops at `eos_id` or at any eos id of the model's generation config (`stop_ids`).
+    A row stops at `eos_id` or at any eos id of the model's generation config (`stop_ids`). seeds: one per context;
+    row i then samples from its own generator seeded with seeds[i] (`RowSampler`) instead of torch's global stream.
 
     caches=None: every context is encoded from scratch (left padding). caches=[...] (one entry per context, None
     for nothing cached yet): each row reuses its cache's common prefix with its context, and on return
@@ -180,6 +205,11 @@ def generate(model, pad_id: int, eos_id: int, contexts: list[list[int]], *, max_
     # collectives), where ranks generate independently and a synced rank would wait forever for the others.
     for start in range(0, len(contexts), step):
         chunk = contexts[start : start + step]
+        if seeds is not None and temperature > 0:
+            from transformers import LogitsProcessorList
+
+            sampler = RowSampler(seeds[start : start + step], temperature, top_p)
+            sampling = dict(sampling_kwargs(0.0, 1.0), logits_processor=LogitsProcessorList([sampler]))
         if caches is None:
             ids, mask = left_pad(chunk, pad_id)
             generated = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),

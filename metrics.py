@@ -2,7 +2,7 @@
 
 * `EpisodeStats` / `episode_metrics`: return, success, length, truncation reasons, tips, novelty of a set of
   episodes (the extrinsic return: what the environment paid, without the novelty bonus).
-* `merge_rank_metrics`: one iteration's record from every rank's episodes, update statistics and tip counts.
+* `merge_rank_metrics`: one iteration's record from every rank's episodes, update statistics and counts.
 * `MetricsLogger`: appends records on the main process; `plot_metrics` draws the PNG from metrics.jsonl.
 """
 from __future__ import annotations
@@ -67,7 +67,8 @@ MAX_KEYS = ("ratio_max", "optimizer_steps", "skipped_updates")  # optimiser step
 
 
 def merge_rank_metrics(parts: list[tuple[list[EpisodeStats], dict, dict]], memory=None) -> dict:
-    """parts: one (episode stats, update statistics, tip counts) per rank -> one flat record."""
+    """parts: one (episode stats, update statistics, counts) per rank -> one flat record; counts (tips written,
+    episodes excluded, ...) are summed over ranks."""
     record = episode_metrics([ep for episodes, _, _ in parts for ep in episodes], memory)
     for key in parts[0][1]:
         values = [stats[key] for _, stats, _ in parts]
@@ -78,7 +79,7 @@ def merge_rank_metrics(parts: list[tuple[list[EpisodeStats], dict, dict]], memor
         else:
             record[key] = float(np.mean(values))
     for key in parts[0][2]:
-        record[key] = float(sum(tips[key] for _, _, tips in parts))
+        record[key] = float(sum(counts[key] for _, _, counts in parts))
     return record
 
 

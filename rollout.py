@@ -98,6 +98,7 @@ class Episode:
     done: bool = False
     truncated: str = ""  # "" | "steps" | "context" | "env_error"
     tip: str = ""
+    seed: int | None = None  # this episode's own sampling stream (step t: derive_seed(seed, "step", t)); None: global
     last_action_ids: list[int] = field(default_factory=list)  # to close a turn cut at the token limit
     kv_cache: PrefixCache | None = field(default=None, repr=False)  # kept for the tip (rollout.kv_reuse)
 
@@ -154,6 +155,13 @@ def generate_actions(model, chat: ChatStream, contexts: list[list[int]], caches=
     return generate(model, chat.pad_id, chat.eos_id, contexts, caches=caches, **kwargs)
 
 
+def row_seeds(episodes: list[Episode], *parts) -> list[int] | None:
+    """One generation seed per episode from its own seed (None when the episodes sample from the global stream)."""
+    if any(ep.seed is None for ep in episodes):
+        return None
+    return [derive_seed(ep.seed, *parts) for ep in episodes]
+
+
 def full_history_turn(chat: ChatStream, ep: Episode, observation: str, block: str):
     """(prompt delta, tip-free delta, model context) for the next turn of an append-only episode. With the
     "current_turn" layout `ep.ids` is tip-free, so the context holds only this turn's tips."""
@@ -170,14 +178,14 @@ class ContextBudgetError(ConfigError):
     """A task's first message leaves no room for its episode within rollout.max_prompt_tokens."""
 
 
-def check_first_turn(chat: ChatStream, ep: Episode, observation: str, step_limit: int, cfg: RolloutConfig) -> None:
-    """Stop before playing when the tip-free first message + step_limit actions of max_action_tokens cannot fit:
-    such a run would otherwise produce near-empty "context"-truncated episodes and learn from nothing."""
-    first = len(chat.first_turn(observation))
+def check_first_turn(task: Task, first: int, step_limit: int, cfg: RolloutConfig) -> None:
+    """Stop before playing when the tip-free first message (`first` tokens) + step_limit actions of
+    max_action_tokens cannot fit: such a run would otherwise produce near-empty "context"-truncated episodes and
+    learn from nothing."""
     need = first + max(1, step_limit) * cfg.max_action_tokens
     if need > cfg.max_prompt_tokens:
         raise ContextBudgetError(
-            f"task {ep.task.key}: the first message is {first} tokens; with {max(1, step_limit)} actions of up to "
+            f"task {task.key}: the first message is {first} tokens; with {max(1, step_limit)} actions of up to "
             f"{cfg.max_action_tokens} tokens an episode needs at least {need} > rollout.max_prompt_tokens="
             f"{cfg.max_prompt_tokens}. Raise rollout.max_prompt_tokens (the model's context allows it?) or shorten "
             f"the first message (e.g. fewer demos)")
@@ -188,8 +196,7 @@ def check_prompt_budget(chat: ChatStream, env: Env, tasks: list[Task], cfg: Roll
     if cfg.history_window >= 0:  # a window prompt does not grow with the episode
         return
     for task in dict.fromkeys(tasks):
-        check_first_turn(chat, Episode(task=task, group=0, mode="no_memory"), env.reset(task), env.step_limit(task),
-                         cfg)
+        check_first_turn(task, len(chat.first_turn(env.reset(task))), env.step_limit(task), cfg)
 
 
 def window_turn(chat: ChatStream, env: Env, window: int, block: str):
@@ -233,8 +240,11 @@ def pay_novelty(episodes: list[Episode], first_observations: list[str], reached:
 def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], groups: list[int], *, mode: str,
                  memory: TipMemory | None, cfg: RolloutConfig, intrinsic: IntrinsicConfig | None = None,
                  temperature: float | None = None, pool: ThreadPoolExecutor | None = None,
-                 progress=None, keep_caches: bool = False) -> list[Episode]:
+                 progress=None, keep_caches: bool = False, seeds: list[int] | None = None) -> list[Episode]:
     """Play len(tasks) episodes in lockstep, one env each (envs[i] plays tasks[i]).
+
+    seeds[i]: episode i samples from its own streams (generation.RowSampler), so its actions do not depend on the
+    other episodes of the batch or on torch's global stream; None: the global stream.
 
     groups[i]: the GRPO group of episode i; memory: tips to retrieve in memory modes, and the novelty counts;
     temperature: defaults to cfg.temperature (evaluation passes its own); keep_caches: leave each episode's KV
@@ -248,11 +258,10 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
     layout = "window" if windowed else "current_turn" if use_tips and cfg.tip_placement == "current_turn" else "packed"
     own_pool = pool is None
     pool = pool or ThreadPoolExecutor(max_workers=max(1, len(tasks)))
-    episodes = [Episode(task=t, group=g, mode=mode, layout=layout) for t, g in zip(tasks, groups)]
+    seeds = seeds if seeds is not None else [None] * len(tasks)
+    episodes = [Episode(task=t, group=g, mode=mode, layout=layout, seed=seed)
+                for t, g, seed in zip(tasks, groups, seeds)]
     observations = list(pool.map(lambda pair: pair[0].reset(pair[1]), zip(envs, tasks)))
-    if not windowed:
-        for ep, env, observation in zip(episodes, envs, observations):
-            check_first_turn(chat, ep, observation, env.step_limit(ep.task), cfg)
     first_observations = list(observations)
     reached: list[list[str | None]] = [[] for _ in episodes]  # the state after each step (None: env crashed)
     reuse = kv_reuse_enabled(model, cfg)
@@ -270,6 +279,8 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
                 delta, twin_delta, context = window_turn(chat, envs[i], cfg.history_window, block)
             else:
                 delta, twin_delta, context = full_history_turn(chat, ep, observations[i], block)
+                if step == 0:  # the tip-free first message: stop before playing an episode that cannot fit
+                    check_first_turn(ep.task, len(twin_delta), envs[i].step_limit(ep.task), cfg)
             if len(context) + cfg.max_action_tokens > cfg.max_prompt_tokens:
                 ep.done, ep.truncated, ep.final_observation = True, "context", observations[i]
                 continue
@@ -290,7 +301,8 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
             for i in live:
                 caches[i] = None  # generate() frees each row's copy once the batch holds it
         actions = generate_actions(model, chat, contexts, live_caches, max_new_tokens=cfg.max_action_tokens,
-                                   temperature=temperature, top_p=cfg.top_p, batch_size=cfg.generation_batch_size)
+                                   temperature=temperature, top_p=cfg.top_p, batch_size=cfg.generation_batch_size,
+                                   seeds=row_seeds([episodes[i] for i in live], "step", step))
         for i, cache in zip(live, live_caches or []):
             caches[i] = cache
         texts = []
@@ -358,7 +370,7 @@ def write_tips(model, chat: ChatStream, episodes: list[Episode], memory: TipMemo
         return {"tips_written": 0.0, "tips_empty": 0.0}
     outputs = generate_actions(model, chat, [tip_context(chat, ep) for ep in todo], caches,
                                max_new_tokens=cfg.tip_max_tokens, temperature=cfg.tip_temperature,
-                               batch_size=cfg.generation_batch_size)
+                               batch_size=cfg.generation_batch_size, seeds=row_seeds(todo, "tip"))
     empty = 0
     for ep, ids in zip(todo, outputs):
         ep.tip = clean_tip(chat.plain(chat.decode(ids)))

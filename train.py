@@ -153,7 +153,8 @@ def all_reduce_gradients(params, accelerator, bucket_elements: int = 1 << 26) ->
     """Sum the gradients over ranks (each rank's loss already carries its share of the global mini-batch).
 
     Flat fp32 buckets of at most `bucket_elements` (256 MB), so a full fine-tune never builds one buffer of every
-    gradient (28 GB for 7B). A rank without samples has no gradient yet; it still takes part with zeros."""
+    gradient (28 GB for 7B). A rank without samples has no gradient yet; it still takes part with zeros (one
+    process too: AdamW then steps exactly as one rank of a multi-process run would)."""
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
@@ -196,6 +197,11 @@ def stop_on_signals() -> dict:
         signal.signal(sig, handler)
     state["restore"] = lambda: [signal.signal(sig, old) for sig, old in previous.items()]
     return state
+
+
+def rng_devices(accelerator) -> list:
+    """The CUDA device whose random state `torch.random.fork_rng` must save and restore (none on CPU)."""
+    return [accelerator.device] if accelerator.device.type == "cuda" else []
 
 
 def iteration_tasks(train_tasks: list, count: int, seed: int, iteration: int) -> list:
@@ -284,9 +290,10 @@ def train(cfg: Config) -> dict:
             t0 = time.perf_counter()
             model.eval()
             with full_weights(model):  # FSDP: whole layers while ranks generate different numbers of tokens
+                seeds = [derive_seed(cfg.train.seed, "episode", iteration, rank, j) for j in range(len(tasks))]
                 episodes = run_episodes(model, chat, envs, tasks, groups, mode=mode, memory=memory, cfg=cfg.rollout,
                                         intrinsic=cfg.intrinsic, pool=threads, progress=bar,
-                                        keep_caches=cfg.memory.enabled)
+                                        keep_caches=cfg.memory.enabled, seeds=seeds)
                 t1 = time.perf_counter()
 
                 # An episode cut by an environment crash has a partial return: it is counted in the metrics but not
@@ -300,14 +307,14 @@ def train(cfg: Config) -> dict:
                 tip_stats = {"tips_written": 0.0, "tips_empty": 0.0}
                 if cfg.memory.enabled:
                     tip_stats = write_tips(model, chat, played, memory, cfg.rollout)
-                tip_stats["episodes_excluded"] = float(len(episodes) - len(played))
+                counts = {**tip_stats, "episodes_excluded": float(len(episodes) - len(played))}
             if memory is not None:
                 memory.sync(lambda obj: gather_objects(accelerator, obj), rank)
             t2 = time.perf_counter()
 
             # 4-5. Advantages per group (groups never straddle ranks), samples, old log-probs, the clipped update.
-            returns = [advantage_return(ep, cfg.intrinsic) for ep in played]
-            advantages = group_advantages(returns, [ep.group for ep in played], cfg.loss.advantage_eps)
+            returns = {id(ep): advantage_return(ep, cfg.intrinsic) for ep in played}
+            advantages = group_advantages(list(returns.values()), [ep.group for ep in played], cfg.loss.advantage_eps)
             samples = build_samples(played, advantages, off_policy_old_logp=cfg.loss.off_policy_old_logp)
             with full_weights(model):  # the same compute-dtype weights the update's forwards gather layer by layer
                 old_pad, old_positions = compute_old_logprobs(model, samples, chat.pad_id, accelerator.device,
@@ -320,17 +327,21 @@ def train(cfg: Config) -> dict:
 
             if cfg.train.save_episodes:
                 write_episodes(out_dir / "episodes" / f"iter_{iteration:06d}_rank{rank}.jsonl", episodes,
-                               [advantage_return(ep, cfg.intrinsic) for ep in episodes])
+                               [returns[id(ep)] if id(ep) in returns else advantage_return(ep, cfg.intrinsic)
+                                for ep in episodes])  # an excluded (crashed) episode: its partial return
             # One exchange per iteration: every rank's episodes, update statistics and tip counts.
             stats = [EpisodeStats.of(ep, intrinsic_return(ep, cfg.intrinsic)) for ep in episodes]
-            parts = gather_objects(accelerator, (stats, update_metrics, tip_stats))
+            parts = gather_objects(accelerator, (stats, update_metrics, counts))
             record = {"iteration": iteration, "mode": mode, **merge_rank_metrics(parts, memory),
                       "time_rollout": t1 - t0, "time_tips": t2 - t1, "time_update": t3 - t2}
             if cfg.train.eval_every and (iteration % cfg.train.eval_every == 0 or iteration == cfg.train.iterations):
                 t4 = time.perf_counter()
-                with full_weights(model):
+                # Its own random stream: validation neither consumes the training stream nor depends on it.
+                with full_weights(model), torch.random.fork_rng(devices=rng_devices(accelerator)):
+                    torch.manual_seed(derive_seed(cfg.train.seed, "validation", iteration, rank))
                     val = evaluate(model, chat, envs, test_tasks, cfg, accelerator=accelerator, pool=threads,
-                                   episodes_per_task=cfg.train.eval_episodes_per_task)
+                                   episodes_per_task=cfg.train.eval_episodes_per_task,
+                                   seed=derive_seed(cfg.train.seed, "validation"))  # the same cases every time
                 record.update(val_return_mean=val["return_mean"], val_success_rate=val["success_rate"],
                               time_eval=time.perf_counter() - t4)
             logger.log(record)

@@ -1,5 +1,7 @@
 """Shared fixtures: the real CPU policy (SmolLM2-135M-Instruct + LoRA) and a small scripted text environment."""
 import os
+import socket
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,6 +11,22 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 from envs.base import Env, Task
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    """A free TCP port for a multi-process run's rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env() -> dict:
+    """The environment for a subprocess run: no launcher settings inherited from the caller, one thread per process."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "FSDP_"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    return env
 
 
 class RoomsEnv(Env):

@@ -2,8 +2,6 @@
 and through FSDP2; `accelerate launch` with the shipped FSDP config trains, checkpoints and resumes; launch options
 this trainer does not support stop with one line (runtime.check_launch)."""
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,23 +11,12 @@ import torch
 import yaml
 
 from config import ModelConfig
+from conftest import clean_env, free_port
 from runtime import LaunchError, check_launch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "tests" / "distributed_update.py")
 ACCELERATE = str(Path(sys.executable).with_name("accelerate"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def clean_env() -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "FSDP_"))}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    return env
 
 
 def run(cmd: list[str], timeout: int = 300) -> subprocess.CompletedProcess:

@@ -11,7 +11,7 @@ import torch
 
 from config import RolloutConfig
 from envs.base import Env, Task
-from generation import PrefixCache, cut_at_eos, generate, left_pad, prefill
+from generation import PrefixCache, RowSampler, cut_at_eos, generate, left_pad, prefill
 from memory import TipEntry, TipMemory
 from rollout import ChatStream, run_episodes, write_tips
 
@@ -248,3 +248,42 @@ def test_rollout_with_kv_reuse_matches_reencoding_with_early_finishers_and_cut_a
     actions = [a for runs in out[True][4] for a in runs]
     assert any(len(a) == 8 and a[-1] != chat.eos_id for a in actions)  # cut at the token limit, closed with eos
     assert any(a[-1] == chat.eos_id for a in actions)  # stopped by itself
+
+
+def test_row_sampler_draws_from_softmax_with_temperature_and_top_p():
+    """4000 rows with the same logits, each from its own seeded generator: the chosen tokens follow
+    softmax(logits / T), restricted by top-p to the smallest set of likeliest tokens reaching p."""
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.2])).repeat(4000, 1)
+    frequencies = lambda out: torch.bincount(out.argmax(-1), minlength=3).float() / len(out)  # noqa: E731
+    plain = RowSampler(list(range(4000)), temperature=1.0, top_p=1.0)(None, logits.clone())
+    assert torch.isinf(plain).sum(-1).eq(2).all()  # exactly one token allowed per row
+    assert torch.allclose(frequencies(plain), torch.tensor([0.5, 0.3, 0.2]), atol=0.025)
+    hot = RowSampler(list(range(4000)), temperature=2.0, top_p=1.0)(None, logits.clone())
+    expected = torch.softmax(logits[0] / 2.0, -1)  # 0.415, 0.322, 0.263
+    assert torch.allclose(frequencies(hot), expected, atol=0.025)
+    nucleus = RowSampler(list(range(4000)), temperature=1.0, top_p=0.7)(None, logits.clone())
+    assert torch.allclose(frequencies(nucleus), torch.tensor([0.625, 0.375, 0.0]), atol=0.025)
+    again = RowSampler(list(range(4000)), temperature=1.0, top_p=1.0)(None, logits.clone())
+    assert torch.equal(again, plain)  # the same seeds, the same draws
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("reuse", [False, True])
+def test_a_seeded_row_samples_the_same_tokens_in_any_batch(policy, reuse):
+    """A row's continuation depends on its seed and context only: alone, or in a batch with other rows, at any
+    batch size; torch's global random state is neither used nor changed."""
+    model, tokenizer = policy
+    chat = ChatStream(tokenizer)
+    a, b, c = (chat.first_turn(t) for t in ("Name a colour.", "Count to three, slowly, please.", "Hi"))
+
+    def run(contexts, seeds, batch_size=0):
+        caches = [None] * len(contexts) if reuse else None
+        return generate(model, chat.pad_id, chat.eos_id, contexts, max_new_tokens=10, temperature=1.0,
+                        batch_size=batch_size, caches=caches, seeds=seeds)
+
+    state = torch.get_rng_state()
+    alone = run([a], [7])
+    assert torch.equal(torch.get_rng_state(), state)
+    assert run([b, a, c], [1, 7, 2])[1] == alone[0]
+    assert run([c, b, a], [2, 1, 7], batch_size=2)[2] == alone[0]
+    assert len({tuple(x) for x in run([a] * 4, [10, 11, 12, 13])}) > 1  # other seeds, other samples

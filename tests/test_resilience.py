@@ -2,9 +2,9 @@
 interrupted iteration's rows and refuses a changed config or world size, and SIGTERM -> checkpoint -> exit 0.
 A tiny random Qwen2 on the sanity environment keeps each run to seconds."""
 import json
+import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from config import ConfigError, load_config
+from conftest import clean_env, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SANITY = str(ROOT / "configs" / "sanity_empo2.yaml")
@@ -31,17 +32,9 @@ def rows(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def clean_env() -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "FSDP_"))}
-    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    return env
-
-
 def test_ranks_sample_their_own_episodes_yet_keep_identical_weights(tmp_path, tiny_folder):
     """Both ranks play the only training variation: with one shared sampling stream they played the same episodes."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}", "train.py",
            "--config", SANITY, *tiny_args(tiny_folder, out, "--train.iterations=1", "--env.sanity.train_variations=1",
@@ -83,6 +76,45 @@ def test_a_crashed_episode_is_counted_but_not_learned_from(tmp_path, tiny_folder
     crashed = [e for e in map(json.loads, (out / "episodes" / "iter_000001_rank0.jsonl").read_text().splitlines())
                if e["truncated"] == "env_error"]
     assert len(crashed) == 1 and crashed[0]["tip"] == ""  # no tip from a cut episode
+
+
+@pytest.mark.java
+def test_a_jvm_killed_mid_rollout_is_restarted_and_its_episode_excluded(tmp_path, tiny_folder, monkeypatch, caplog):
+    """Real ScienceWorld: the JVM of one environment is SIGKILLed just before its step (the second step of the
+    rollout). The step fails in py4j, the environment logs a restart and starts a new JVM, the episode is counted
+    but not learned from, and the next iteration plays on the new JVM."""
+    pytest.importorskip("scienceworld")
+    from envs.scienceworld import ScienceWorldEnv
+    from train import train
+
+    original, calls, lock, killed = ScienceWorldEnv.step, [0], threading.Lock(), []
+
+    def kill_my_jvm_on_the_second_step(self, action):
+        with lock:
+            calls[0] += 1
+            kill = calls[0] == 2
+        if kill:
+            jvm = self._host._jvm
+            os.kill(jvm.pid, signal.SIGKILL)
+            jvm.proc.wait(timeout=30)  # dead before the step goes out
+            killed.append(self)
+        return original(self, action)
+
+    monkeypatch.setattr(ScienceWorldEnv, "step", kill_my_jvm_on_the_second_step)
+    out = tmp_path / "run"
+    args = [f"--model.name_or_path={tiny_folder}", f"--output_dir={out}", "--env.scienceworld.num_demos=0",
+            "--env.scienceworld.max_steps=3", "--rollout.tasks_per_iteration=1", "--rollout.group_size=2",
+            "--rollout.max_action_tokens=6", "--rollout.tip_max_tokens=6", "--train.iterations=2",
+            "--train.eval_every=0", "--train.tensorboard=false", "--train.torch_threads=1",
+            "--memory.p_no_memory=1", "--memory.p_on_policy_tips=0", "--memory.p_off_policy=0"]
+    with caplog.at_level(logging.WARNING, logger="envs.scienceworld.env"):
+        train(load_config(str(ROOT / "configs" / "quickstart.yaml"), args))
+    first, second = rows(out)
+    assert first["episodes_excluded"] == 1 and first["truncated_env_error"] == 0.5 and first["samples"] == 1
+    assert second["episodes_excluded"] == 0 and second["samples"] == 2  # the restarted environment plays again
+    (env,) = killed
+    assert env.restarts == 1
+    assert "ScienceWorld JVM failed; starting a new one" in caplog.text
 
 
 def test_resume_drops_the_interrupted_iterations_rows_and_refuses_a_changed_run(tmp_path, tiny_folder):
@@ -182,3 +214,18 @@ def test_a_run_killed_in_iteration_3_and_resumed_equals_an_uninterrupted_run(tmp
     assert {r["mode"] for r in rows(whole)} == {"no_memory", "on_policy_tips", "off_policy"}
     assert without_times(killed) == without_times(whole)
     assert json.loads((killed / "ranks.json").read_text()) == json.loads((whole / "ranks.json").read_text())
+
+
+def test_periodic_validation_leaves_the_training_stream_alone(tmp_path, tiny_folder):
+    """A run that validates after every iteration trains exactly as one that never validates."""
+    from train import train
+
+    runs = {}
+    for every in (0, 1):
+        out = tmp_path / f"eval_every_{every}"
+        train(load_config(SANITY, tiny_args(tiny_folder, out, "--train.iterations=2", f"--train.eval_every={every}",
+                                            "--train.eval_tasks=2")))
+        runs[every] = ([{k: v for k, v in r.items() if not k.startswith(("time", "val_"))} for r in rows(out)],
+                       json.loads((out / "ranks.json").read_text()))
+    assert "val_return_mean" in rows(tmp_path / "eval_every_1")[0]
+    assert runs[0] == runs[1]

@@ -1,8 +1,6 @@
 """End-to-end training on CPU with real ScienceWorld and the real SmolLM2 policy: updates, metrics, memory,
 checkpoints, resume, non-finite guard, and a 2-process (gloo) run whose ranks stay identical."""
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from config import load_config
+from conftest import clean_env, free_port
 from rollout import Sample
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,14 +111,8 @@ def test_update_without_samples_takes_no_step(policy):
     assert metrics["optimizer_steps"] == 0 and metrics["skipped_updates"] == 0 and unchanged
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_processes_keep_identical_weights_and_memory(tmp_path):
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env = clean_env()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            "train.py", "--config", QUICKSTART, *TINY, f"--output_dir={tmp_path}",
            "--train.iterations=1", "--rollout.tasks_per_iteration=2", "--train.eval_every=0",
