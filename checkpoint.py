@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
 from config import Config, ConfigError
 from models import load_trainable, save_model
@@ -41,13 +42,15 @@ def save_checkpoint(out_dir: Path, iteration: int, model, tokenizer, optimizer, 
     def shared_part():
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        save_model(model, tokenizer, str(tmp / "model"), full_state)
+        save_model(model, tokenizer, str(tmp / "model"), full_state,
+                   base_name=(config or {}).get("model", {}).get("name_or_path"))
         torch.save(optimizer_state, tmp / "optimizer.pt")
         if memory is not None:
             memory.save(str(tmp / "memory.json"))
         (tmp / "state.json").write_text(json.dumps({"iteration": iteration, "world_size": accelerator.num_processes}))
-        if config is not None:  # what check_resume compares a resumed run's config with
-            (tmp / "config.json").write_text(json.dumps(config, indent=1))
+        if config is not None:  # what check_resume compares a resumed run's config with; the YAML for people and
+            (tmp / "config.json").write_text(json.dumps(config, indent=1))  # for `eval.py --config` elsewhere
+            (tmp / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 
     def rank_part():
         rng_state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}

@@ -1,18 +1,23 @@
 """Evaluation without memory (paper §6: "the trained model without memory at test time").
 
     python eval.py --config configs/scienceworld_empo2.yaml [--checkpoint=runs/x/checkpoints/iter_000200]
-                   [--episodes_per_task=N] [--memory_rounds=K] [--output=DIR] [--section.key=value ...]
+                   [--episodes_per_task=N] [--cases=FILE] [--write_cases=FILE] [--memory_rounds=K]
+                   [--output=DIR] [--section.key=value ...]
 
-Plays every test task (ScienceWorld: the first <= 20 test-split variations of each configured task) with the
-base model or a checkpoint, no tips, sampling temperature `train.eval_temperature` (0.4 as in the reference),
-and writes `eval.json` (per-task mean return, success rate, episodes) and `eval.md` (a markdown table).
-`evaluate()` is also the trainer's periodic validation. Under several processes the test tasks are sharded
-over ranks and the results gathered.
+Protocol (paper §6.1, reference code): no tips, temperature `train.eval_temperature` (0.4), the test tasks
+(ScienceWorld: the first <= 20 test-split variations of each configured task; WebShop: the 500 test goals), each
+repeated `--episodes_per_task` times (default 4, as the reference repeats each test row). One episode is a `Case`
+(task, repeat, seed) that samples from its own seeded stream (generation.RowSampler), so a case's episode does not
+depend on the batch size, the number of processes (cases are sharded over ranks and gathered) or the other cases;
+`--write_cases` saves the list, `--cases` replays a saved one. Output: `eval.json` (every statistic and every
+episode) and `eval.md` (paper Table 1 layout for ScienceWorld: return mean ± standard error per task; Table 2 for
+WebShop: score and success rate). `evaluate()` is also the trainer's periodic validation (fixed cases, seeded
+independently of training).
 
 `adapt_with_memory` (`--memory_rounds=K`) is the paper's OOD adaptation: the frozen model plays the tasks without
 memory, then K more rounds with the tips it wrote in earlier rounds. An OOD run is a checkpoint trained on one task
-evaluated on another (`--env.scienceworld.tasks=[other-task]`). The full ID/OOD protocol of paper §6.1 (seeded
-cases, several episodes per case) is not built yet.
+evaluated on another (`--env.scienceworld.tasks=[other-task]`). Not built yet: seeded cases, mean +/- std per
+round and the paper's three transfers as ready-made configs for this mode.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import json
 import sys
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,56 +33,103 @@ import torch
 
 from config import Config, ConfigError, config_help, load_config, split_cli
 from envs import make_env_pool
+from envs.base import Task
 from models import load_policy, load_trainable
 from memory import TipMemory, make_scorer
 from rollout import ChatStream, run_episodes, write_tips
 from runtime import LaunchError, check_launch, derive_seed, gather_objects, make_accelerator
 
 
+EPISODES_PER_CASE = 4  # the reference repeats every test row 4 times
+
+
+@dataclass(frozen=True)
+class Case:
+    """One evaluation episode: the k-th repeat of a task, sampled from its own stream (seed None: torch's global
+    stream, for callers that seed it themselves)."""
+
+    task: Task
+    repeat: int
+    seed: int | None
+
+
+def make_cases(tasks: list[Task], repeats: int, seed: int | None) -> list[Case]:
+    """`repeats` cases per task; case (task, k) samples from derive_seed(seed, task, k)."""
+    return [Case(t, k, None if seed is None else derive_seed(seed, t.key, k)) for t in tasks for k in range(repeats)]
+
+
+def write_cases(path: Path, cases: list[Case]) -> None:
+    """One JSON line per case: the committed, explicit list a benchmark is evaluated on."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"task": c.task.name, "variation": c.task.variation, "repeat": c.repeat,
+                                        "seed": c.seed}) + "\n" for c in cases))
+
+
+def read_cases(path: Path) -> list[Case]:
+    cases = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                row = json.loads(line)
+                cases.append(Case(Task(row["task"], int(row["variation"])), int(row["repeat"]), int(row["seed"])))
+            except (ValueError, KeyError, TypeError) as err:
+                raise ConfigError(f"{path}:{number}: not a case line ({err}): {line[:80]}") from err
+    if len({(c.task, c.repeat) for c in cases}) != len(cases):
+        raise ConfigError(f"{path}: the same (task, variation, repeat) appears twice")
+    return cases
+
+
 def evaluate(model, chat: ChatStream, envs: list, tasks: list, cfg: Config, *, accelerator=None,
              episodes_per_task: int = 1, pool: ThreadPoolExecutor | None = None, progress=None,
-             seed: int | None = None) -> dict:
-    """No-memory episodes on `tasks`; returns overall and per-task statistics and every episode (same on all ranks).
+             seed: int | None = None, cases: list[Case] | None = None) -> dict:
+    """No-memory episodes; returns overall and per-task statistics and every episode (the same on all ranks).
 
-    Case (task, k) is the k-th episode of a task. seed: case (task, k) samples from its own stream
-    derive_seed(seed, task, k), so its episode is the same at any batch size, number of processes or order of
-    cases (up to floating-point differences between batch shapes); None: torch's global stream."""
+    cases: what to play (default: `make_cases(tasks, episodes_per_task, seed)`). A case with a seed samples from its
+    own stream, so its episode is the same at any batch size, number of processes or order of cases (up to
+    floating-point differences between batch shapes; tests/test_eval.py); results are sorted by case before any
+    statistic is computed."""
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
-    cases = [(task, k) for task in tasks for k in range(episodes_per_task)][rank::world]
+    cases = (cases if cases is not None else make_cases(tasks, episodes_per_task, seed))[rank::world]
     results = []
     model.eval()
     for start in range(0, len(cases), len(envs)):
         chunk = cases[start : start + len(envs)]
-        seeds = None if seed is None else [derive_seed(seed, task.key, k) for task, k in chunk]
-        episodes = run_episodes(model, chat, envs, [task for task, _ in chunk], list(range(len(chunk))),
+        seeds = None if any(c.seed is None for c in chunk) else [c.seed for c in chunk]
+        episodes = run_episodes(model, chat, envs, [c.task for c in chunk], list(range(len(chunk))),
                                 mode="no_memory", memory=None, cfg=cfg.rollout, temperature=cfg.train.eval_temperature,
                                 pool=pool, seeds=seeds)
-        results += [{"task": ep.task.key, "case": k, "return": ep.extrinsic_return, "success": ep.success,
-                     "length": ep.num_actions, "truncated": ep.truncated} for ep, (_, k) in zip(episodes, chunk)]
+        results += [{"task": ep.task.key, "repeat": c.repeat, "seed": c.seed, "return": ep.extrinsic_return,
+                     "success": ep.success, "length": ep.num_actions, "truncated": ep.truncated,
+                     "actions": ep.actions} for ep, c in zip(episodes, chunk)]
         if progress is not None:
             progress.update(len(chunk))
     # Sorted by case: the statistics do not depend on which rank played what (floating-point sums included).
     results = sorted((r for part in gather_objects(accelerator, results) for r in part),
-                     key=lambda r: (r["task"], r["case"]))
+                     key=lambda r: (r["task"].rsplit("/", 1)[0], int(r["task"].rsplit("/", 1)[1]), r["repeat"]))
     per_task: dict = defaultdict(list)
     for r in results:
-        per_task[r["task"]].append(r)
-    returns = [r["return"] for r in results]
+        per_task[r["task"].rsplit("/", 1)[0]].append(r)  # a task = all its variations (paper Table 1 rows)
+    return {**summary(results), "per_task": {name: summary(rows) for name, rows in sorted(per_task.items())},
+            "episode_results": results}
+
+
+def standard_error(values: list[float]) -> float:
+    return float(np.std(values, ddof=1) / np.sqrt(len(values))) if len(values) > 1 else 0.0
+
+
+def summary(rows: list[dict]) -> dict:
+    """Mean, standard deviation and standard error of the return, success rate, length, truncation rate."""
+    returns = [r["return"] for r in rows]
+    successes = [float(r["success"]) for r in rows]
     return {
-        "return_mean": float(np.mean(returns)) if returns else 0.0,
-        "return_std": float(np.std(returns)) if returns else 0.0,
-        "success_rate": float(np.mean([r["success"] for r in results])) if results else 0.0,
-        "episodes": len(results),
-        "per_task": {
-            key: {
-                "return_mean": float(np.mean([v["return"] for v in vals])),
-                "success_rate": float(np.mean([v["success"] for v in vals])),
-                "episode_length": float(np.mean([v["length"] for v in vals])),
-                "episodes": len(vals),
-            }
-            for key, vals in sorted(per_task.items())
-        },
-        "episode_results": results,
+        "return_mean": float(np.mean(returns)) if rows else 0.0,
+        "return_std": float(np.std(returns)) if rows else 0.0,
+        "return_se": standard_error(returns),
+        "success_rate": float(np.mean(successes)) if rows else 0.0,
+        "success_se": standard_error(successes),
+        "episode_length": float(np.mean([r["length"] for r in rows])) if rows else 0.0,
+        "truncation_rate": float(np.mean([bool(r["truncated"]) for r in rows])) if rows else 0.0,
+        "episodes": len(rows),
     }
 
 
@@ -103,18 +156,27 @@ def adapt_with_memory(model, chat: ChatStream, envs: list, tasks: list, cfg: Con
     return means
 
 
-def markdown_table(result: dict, title: str) -> str:
-    lines = [f"# {title}", "", "| task | episodes | return (mean) | success rate | length |", "|---|---|---|---|---|"]
+def markdown_table(result: dict, title: str, env_name: str = "scienceworld") -> str:
+    """ScienceWorld: one row per task, return mean +/- standard error (paper Table 1). WebShop: score and success
+    rate (%) over all goals (paper Table 2)."""
+    if env_name == "webshop":
+        lines = [f"# {title}", "", f"| | ours ({result['episodes']} episodes) |", "|---|---|",
+                 f"| Score | {result['return_mean']:.1f} ± {result['return_se']:.1f} |",
+                 f"| Succ. (%) | {100 * result['success_rate']:.1f} ± {100 * result['success_se']:.1f} |"]
+        return "\n".join(lines) + "\n"
+    lines = [f"# {title}", "", "| task | episodes | return (mean ± s.e.) | success rate | length | truncated |",
+             "|---|---|---|---|---|---|"]
     for key, row in result["per_task"].items():
-        lines.append(f"| {key} | {row['episodes']} | {row['return_mean']:.1f} | {row['success_rate']:.2f} | "
-                     f"{row['episode_length']:.1f} |")
-    lines.append(f"| **all** | {result['episodes']} | **{result['return_mean']:.1f}** | "
-                 f"**{result['success_rate']:.2f}** | |")
+        lines.append(f"| {key} | {row['episodes']} | {row['return_mean']:.1f} ± {row['return_se']:.1f} | "
+                     f"{row['success_rate']:.2f} | {row['episode_length']:.1f} | {row['truncation_rate']:.2f} |")
+    task_means = [row["return_mean"] for row in result["per_task"].values()]
+    lines.append(f"| **Average** (of task means) | {result['episodes']} | **{np.mean(task_means):.1f}** | "
+                 f"**{result['success_rate']:.2f}** | | |")
     return "\n".join(lines) + "\n"
 
 
 USAGE = """usage: python eval.py --config FILE [--checkpoint=DIR] [--episodes_per_task=N] [--split=test|train]
-                     [--memory_rounds=K] [--output=DIR] [--section.key=value ...]
+                     [--cases=FILE] [--write_cases=FILE] [--memory_rounds=K] [--output=DIR] [--section.key=value ...]
 
 Every config key, with its default:
 """
@@ -127,7 +189,8 @@ def main(argv: list[str] | None = None) -> dict:
     if "--help" in argv or "-h" in argv:
         print(USAGE + config_help())
         return {}
-    extra = {"checkpoint": "", "episodes_per_task": "", "output": "", "split": "test", "memory_rounds": "0"}
+    extra = {"checkpoint": "", "episodes_per_task": "", "output": "", "split": "test", "memory_rounds": "0",
+             "cases": "", "write_cases": ""}
     rest = []
     for arg in argv:
         name = arg[2:].split("=", 1)[0] if arg.startswith("--") else ""
@@ -157,12 +220,18 @@ def main(argv: list[str] | None = None) -> dict:
     tasks = envs[0].tasks(extra["split"])
     if cfg.train.eval_tasks > 0:
         tasks = tasks[: cfg.train.eval_tasks]
-    per_task = int(extra["episodes_per_task"] or cfg.train.eval_episodes_per_task)
+    per_task = int(extra["episodes_per_task"] or EPISODES_PER_CASE)
+    cases = make_cases(tasks, per_task, derive_seed(cfg.train.seed, "evaluation"))
+    if extra["cases"]:
+        cases = read_cases(Path(extra["cases"]))
+    if extra["write_cases"]:
+        write_cases(Path(extra["write_cases"]), cases)
+        print(f"wrote {len(cases)} cases to {extra['write_cases']}")
     with ThreadPoolExecutor(max_workers=len(envs)) as pool:
-        bar = tqdm(total=len(tasks) * per_task // accelerator.num_processes, desc="eval",
+        bar = tqdm(total=-(-len(cases) // accelerator.num_processes), desc="eval",
                    disable=not accelerator.is_main_process)
-        result = evaluate(model, chat, envs, tasks, cfg, accelerator=accelerator, episodes_per_task=per_task,
-                          pool=pool, progress=bar, seed=derive_seed(cfg.train.seed, "evaluation"))
+        result = evaluate(model, chat, envs, tasks, cfg, accelerator=accelerator, pool=pool, progress=bar,
+                          cases=cases)
         bar.close()
         if int(extra["memory_rounds"]) > 0:
             if accelerator.num_processes > 1:
@@ -180,8 +249,8 @@ def main(argv: list[str] | None = None) -> dict:
         out.mkdir(parents=True, exist_ok=True)
         (out / "eval.json").write_text(json.dumps(result, indent=2))
         title = f"Evaluation without memory: {cfg.model.name_or_path} {extra['checkpoint']}".strip()
-        (out / "eval.md").write_text(markdown_table(result, title))
-        print(markdown_table(result, title))
+        (out / "eval.md").write_text(markdown_table(result, title, cfg.env.name))
+        print(markdown_table(result, title, cfg.env.name))
         if "memory_rounds" in result:
             print("mean return per memory round (0 = no memory):", [round(r, 1) for r in result["memory_rounds"]])
         print(f"wrote {out / 'eval.json'} and {out / 'eval.md'}")

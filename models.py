@@ -336,15 +336,22 @@ def trainable_state(model) -> dict[str, torch.Tensor]:
     return {name: tensor.detach().clone() for name, tensor in state.items()}
 
 
-def save_model(model, tokenizer, folder, full_state: dict | None = None) -> None:
+def save_model(model, tokenizer, folder, full_state: dict | None = None, base_name: str | None = None) -> None:
     """Adapter only (adapter_config.json + adapter_model.safetensors) for LoRA, the full model otherwise.
 
     full_state: the gathered weights of an FSDP-sharded model (checkpoint.gather_states), written as a standard HF
-    folder (sharded safetensors + index, config, generation config) that `from_pretrained` loads unsharded."""
+    folder (sharded safetensors + index, config, generation config) that `from_pretrained` loads unsharded.
+    base_name: how the run named its base model (hub id, alias or folder, `model.name_or_path`); the adapter
+    records it instead of this machine's cache path, so the checkpoint loads on another machine."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     if full_state is None:
         model.save_pretrained(folder)
+        adapter_config = folder / "adapter_config.json"
+        if base_name and adapter_config.is_file():
+            meta = json.loads(adapter_config.read_text())
+            meta["base_model_name_or_path"] = base_name
+            adapter_config.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     else:
         from huggingface_hub import save_torch_state_dict
 

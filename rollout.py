@@ -2,27 +2,22 @@
 
 One iteration's rollout (docs/algorithm.md):
 * the mode is drawn ONCE per iteration (`draw_mode`): no_memory 0.75, on_policy_tips 0.08, off_policy 0.17;
-* B task rows x N episodes run in lockstep: at every step all live episodes go into ONE batched `generate` call
-  (optionally capped at `rollout.generation_batch_size`), then all environments step in threads; with
-  `rollout.kv_reuse` (default) each episode keeps its KV cache between turns, the group's shared first message is
-  encoded once, and a step feeds only its new tokens (generation.py);
+* B task rows x N episodes run in lockstep: all live episodes go into ONE batched `generate` call per step (capped at
+  `rollout.generation_batch_size`), then all environments step in threads; with `rollout.kv_reuse` each episode
+  keeps its KV cache between turns and a step feeds only its new tokens (generation.py); with `seeds` every episode
+  samples from its own streams (`Episode.seed`), so its actions do not depend on the rest of the batch;
 * in memory modes the tips retrieved for the current observation are appended to that step's user message as a
-  `<tip>` block (memory.tip_block). `rollout.tip_placement: current_turn` (default) is the paper's
-  pi(a | s_t, u, tips_t): only the current turn carries tips, earlier turns appear without theirs, so each step has
-  its own context (on-policy-with-tips episodes are scored per step, off-policy ones stay one tip-free sample);
-  `history` keeps every block where it was retrieved (one packed sequence per episode, but ~850 tokens more context
-  per turn with 10 tips: docs/scaling.md);
-* a task whose first message cannot leave room for its episode stops the run (`check_prompt_budget` at the start,
-  `check_first_turn` at every reset);
-* after every training episode the policy writes a one-sentence tip (`write_tips`, the released tip prompt);
-  tips are never trained on: they are generated outside the episode stream.
+  `<tip>` block. `rollout.tip_placement: current_turn` (default) is the paper's pi(a | s_t, u, tips_t): only the
+  current turn carries tips (on-policy-with-tips episodes are scored per step, off-policy ones stay one tip-free
+  sample); `history` keeps every block where it was retrieved (~850 tokens more per turn: docs/scaling.md);
+* a task whose first message leaves no room for its episode stops the run (`check_prompt_budget`, `check_first_turn`);
+* after every training episode the policy writes a one-sentence tip (`write_tips`); tips are never trained on.
 
 Token streams (docs/decisions.md). An episode is recorded token-in/token-out: `Episode.ids` are exactly the ids the
-model was given and generated; nothing is re-tokenised before the update. Conversations are append-only (the action
-instruction sits once in the first user turn), so with full history (`rollout.history_window: -1`) an episode is
-ONE sequence and the loss scores all its actions in one forward pass. Alongside, `Episode.twin_ids` is the same
-episode built from the same message deltas WITHOUT the tip blocks (never by deleting ids afterwards, the
-reference's bug); the off-policy update scores the actions in that context. With a history window (k >= 0,
+model was given and generated; nothing is re-tokenised before the update. Conversations are append-only, so with
+full history (`rollout.history_window: -1`) an episode is ONE sequence scored in one forward pass. `Episode.twin_ids`
+is the same episode built from the same message deltas WITHOUT the tip blocks (never by deleting ids afterwards,
+the reference's bug); the off-policy update scores the actions in that context. With a history window (k >= 0,
 WebShop style) each step is its own prompt and its own sample, with a tip and a tip-free prompt.
 
 Deviations: the tip is written from the episode's with-tip stream plus one user turn holding the final observation
@@ -157,9 +152,7 @@ def generate_actions(model, chat: ChatStream, contexts: list[list[int]], caches=
 
 def row_seeds(episodes: list[Episode], *parts) -> list[int] | None:
     """One generation seed per episode from its own seed (None when the episodes sample from the global stream)."""
-    if any(ep.seed is None for ep in episodes):
-        return None
-    return [derive_seed(ep.seed, *parts) for ep in episodes]
+    return None if any(ep.seed is None for ep in episodes) else [derive_seed(ep.seed, *parts) for ep in episodes]
 
 
 def full_history_turn(chat: ChatStream, ep: Episode, observation: str, block: str):
@@ -226,9 +219,8 @@ def pay_novelty(episodes: list[Episode], first_observations: list[str], reached:
     """Count every state the rollout visited, THEN pay each step 1/n of the state it reached.
 
     reached[i][t]: the observation after step t of episode i (None after an environment crash: no bonus, no
-    count). Counting first makes the bonus independent of episode order: every episode of a group that reaches
-    the same new state gets the same bonus (counting while stepping paid the first episode 1, the next 1/2).
-    """
+    count). Counting first makes the bonus independent of episode order (counting while stepping paid the first
+    episode to reach a new state 1, the next 1/2)."""
     for ep, first, states in zip(episodes, first_observations, reached):
         for state in [first] + states:
             if state is not None:
@@ -243,13 +235,11 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
                  progress=None, keep_caches: bool = False, seeds: list[int] | None = None) -> list[Episode]:
     """Play len(tasks) episodes in lockstep, one env each (envs[i] plays tasks[i]).
 
-    seeds[i]: episode i samples from its own streams (generation.RowSampler), so its actions do not depend on the
-    other episodes of the batch or on torch's global stream; None: the global stream.
-
     groups[i]: the GRPO group of episode i; memory: tips to retrieve in memory modes, and the novelty counts;
     temperature: defaults to cfg.temperature (evaluation passes its own); keep_caches: leave each episode's KV
     cache on `Episode.kv_cache` for `write_tips` (with rollout.kv_reuse; otherwise a cache is freed when its
-    episode ends)."""
+    episode ends); seeds[i]: episode i samples from its own streams (generation.RowSampler), independently of the
+    other episodes of the batch and of torch's global stream (None: the global stream)."""
     assert len(envs) >= len(tasks), "need one environment per episode"
     use_tips = mode != "no_memory" and memory is not None
     novelty = counts_novelty(mode, memory, intrinsic)
@@ -259,8 +249,7 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
     own_pool = pool is None
     pool = pool or ThreadPoolExecutor(max_workers=max(1, len(tasks)))
     seeds = seeds if seeds is not None else [None] * len(tasks)
-    episodes = [Episode(task=t, group=g, mode=mode, layout=layout, seed=seed)
-                for t, g, seed in zip(tasks, groups, seeds)]
+    episodes = [Episode(task=t, group=g, mode=mode, layout=layout, seed=x) for t, g, x in zip(tasks, groups, seeds)]
     observations = list(pool.map(lambda pair: pair[0].reset(pair[1]), zip(envs, tasks)))
     first_observations = list(observations)
     reached: list[list[str | None]] = [[] for _ in episodes]  # the state after each step (None: env crashed)

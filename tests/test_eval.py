@@ -1,0 +1,107 @@
+"""Evaluation protocol (eval.py): seeded cases give the same per-case episodes at any batch size and any number of
+processes; case files; the Table 1 / Table 2 layouts with hand-computed statistics. A tiny random Qwen2 on the
+sanity environment keeps every run to seconds."""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from config import ConfigError, load_config
+from conftest import clean_env, free_port
+from envs.base import Task
+from eval import Case, make_cases, markdown_table, read_cases, summary, write_cases
+
+ROOT = Path(__file__).resolve().parents[1]
+SANITY = str(ROOT / "configs" / "sanity_empo2.yaml")
+
+
+def test_cases_files_and_their_errors(tmp_path):
+    cases = make_cases([Task("lab", 3), Task("lab", 5)], 2, seed=7)
+    assert [(c.task.variation, c.repeat) for c in cases] == [(3, 0), (3, 1), (5, 0), (5, 1)]
+    assert len({c.seed for c in cases}) == 4 and make_cases([Task("lab", 3)], 1, seed=7)[0] == cases[0]
+    write_cases(tmp_path / "cases.jsonl", cases)
+    assert read_cases(tmp_path / "cases.jsonl") == cases
+    (tmp_path / "bad.jsonl").write_text('{"task": "lab", "variation": 1}\n')
+    with pytest.raises(ConfigError, match="bad.jsonl:1"):
+        read_cases(tmp_path / "bad.jsonl")
+    (tmp_path / "twice.jsonl").write_text("\n".join([(tmp_path / "cases.jsonl").read_text().splitlines()[0]] * 2))
+    with pytest.raises(ConfigError, match="appears twice"):
+        read_cases(tmp_path / "twice.jsonl")
+
+
+def test_statistics_and_tables_by_hand():
+    rows = [{"return": r, "success": s, "length": 5, "truncated": t}
+            for r, s, t in [(100.0, True, ""), (20.0, False, "steps"), (-40.0, False, ""), (0.0, False, "")]]
+    stats = summary(rows)
+    # mean 20; sample std = sqrt(((80^2) + 0 + 60^2 + 20^2) / 3) = sqrt(3466.67) = 58.88; s.e. = 58.88 / 2 = 29.44
+    assert stats["return_mean"] == 20.0 and stats["return_se"] == pytest.approx(29.439, abs=1e-3)
+    assert stats["success_rate"] == 0.25 and stats["success_se"] == pytest.approx(0.25)  # sqrt(0.25 / 4)
+    assert stats["truncation_rate"] == 0.25 and stats["episodes"] == 4
+    result = {**stats, "per_task": {"power-component": stats}}
+    table = markdown_table(result, "t")
+    assert "| power-component | 4 | 20.0 ± 29.4 | 0.25 | 5.0 | 0.25 |" in table and "**Average**" in table
+    webshop = markdown_table(result, "t", "webshop")
+    assert "| Score | 20.0 ± 29.4 |" in webshop and "| Succ. (%) | 25.0 ± 25.0 |" in webshop
+
+
+def eval_run(tmp_path, model_folder, name, *extra, processes=1):
+    out = tmp_path / name
+    launcher = [sys.executable] if processes == 1 else [
+        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}", f"--master_port={free_port()}"]
+    cmd = launcher + ["eval.py", "--config", SANITY, f"--model.name_or_path={model_folder}", f"--output={out}",
+                      "--env.sanity.test_variations=3", "--episodes_per_task=2", "--train.torch_threads=1",
+                      "--rollout.max_action_tokens=6", *extra]
+    proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "eval.json").read_text())
+    return result, (out / "eval.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_same_cases_give_the_same_episodes_at_any_batch_size_and_process_count(tmp_path, tiny_folder):
+    """6 cases (3 test variations x 2 repeats), sampled at temperature 0.4: one process with 1 environment and
+    generation batch 1, one process with 4 and 4, and 2 processes (cases sharded and gathered) play the same
+    actions and get the same per-case results; the tables are identical."""
+    one, table_one = eval_run(tmp_path, tiny_folder, "b1", "--rollout.tasks_per_iteration=1",
+                              "--rollout.group_size=1", "--rollout.generation_batch_size=1",
+                              f"--write_cases={tmp_path / 'cases.jsonl'}")
+    four, table_four = eval_run(tmp_path, tiny_folder, "b4", "--rollout.tasks_per_iteration=1",
+                                "--rollout.group_size=4", "--rollout.generation_batch_size=4",
+                                f"--cases={tmp_path / 'cases.jsonl'}")
+    two, table_two = eval_run(tmp_path, tiny_folder, "p2", "--rollout.tasks_per_iteration=2",
+                              "--rollout.group_size=2", f"--cases={tmp_path / 'cases.jsonl'}", processes=2)
+    assert len(one["episode_results"]) == 6 and len({json.dumps(r["actions"]) for r in one["episode_results"]}) > 1
+    assert one["episode_results"] == four["episode_results"] == two["episode_results"]
+    assert table_one == table_four == table_two
+    assert [Case(Task(r["task"].split("/")[0], int(r["task"].split("/")[1])), r["repeat"], r["seed"])
+            for r in one["episode_results"]] == read_cases(tmp_path / "cases.jsonl")
+
+
+@pytest.mark.slow
+def test_a_checkpoint_copied_elsewhere_with_its_base_model_moved_still_evaluates(tmp_path, tiny_folder):
+    """The adapter names the base model as the run did (not a cache path) and the checkpoint carries the run's
+    config: copy both the checkpoint and the base model to another folder and the evaluation is the same."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from train import train
+
+    out = tmp_path / "run"
+    train(load_config(SANITY, [f"--model.name_or_path={tiny_folder}", f"--output_dir={out}", "--train.iterations=1",
+                               "--rollout.group_size=2", "--env.sanity.max_steps=2", "--rollout.max_action_tokens=6",
+                               "--rollout.tip_max_tokens=6", "--train.eval_every=0", "--train.tensorboard=false",
+                               "--train.torch_threads=1"]))
+    checkpoint = out / "checkpoints" / "iter_000001"
+    adapter = json.loads((checkpoint / "model" / "adapter_config.json").read_text())
+    assert adapter["base_model_name_or_path"] == tiny_folder
+    assert load_config(str(checkpoint / "config.yaml")).model.name_or_path == tiny_folder
+    here, _ = eval_run(tmp_path, tiny_folder, "here", f"--checkpoint={checkpoint}")
+    base = shutil.copytree(tiny_folder, tmp_path / "elsewhere" / "base")
+    moved = shutil.copytree(checkpoint, tmp_path / "elsewhere" / "checkpoint")
+    shutil.rmtree(out)
+    there, _ = eval_run(tmp_path, base, "there", f"--checkpoint={moved}")
+    assert there["episode_results"] == here["episode_results"]
+    PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), moved / "model")  # plain peft loads it
