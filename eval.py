@@ -9,7 +9,8 @@ Protocol (paper §6.1, reference code): no tips, temperature `train.eval_tempera
 repeated `--episodes_per_task` times (default 4, as the reference repeats each test row). One episode is a `Case`
 (task, repeat, seed) that samples from its own seeded stream (generation.RowSampler), so a case's episode does not
 depend on the batch size, the number of processes (cases are sharded over ranks and gathered) or the other cases;
-`--write_cases` saves the list, `--cases` replays a saved one. Output: `eval.json` (every statistic and every
+`--write_cases=FILE` writes the list and stops (no model is loaded), `--cases=FILE` replays a saved one (committed
+lists: configs/eval/). Output: `eval.json` (every statistic and every
 episode) and `eval.md` (paper Table 1 layout for ScienceWorld: return mean ± standard error per task; Table 2 for
 WebShop: score and success rate). `evaluate()` is also the trainer's periodic validation (fixed cases, seeded
 independently of training).
@@ -175,6 +176,12 @@ def markdown_table(result: dict, title: str, env_name: str = "scienceworld") -> 
     return "\n".join(lines) + "\n"
 
 
+def planned_tasks(env, cfg: Config, split: str) -> list[Task]:
+    """The tasks of `split` (the first train.eval_tasks of them when > 0)."""
+    tasks = env.tasks(split)
+    return tasks[: cfg.train.eval_tasks] if cfg.train.eval_tasks > 0 else tasks
+
+
 USAGE = """usage: python eval.py --config FILE [--checkpoint=DIR] [--episodes_per_task=N] [--split=test|train]
                      [--cases=FILE] [--write_cases=FILE] [--memory_rounds=K] [--output=DIR] [--section.key=value ...]
 
@@ -207,6 +214,14 @@ def main(argv: list[str] | None = None) -> dict:
                               "FSDP config (e.g. configs/accelerate/multi_gpu_8.yaml)")
     except ConfigError as err:
         sys.exit(f"config error: {err}")
+    per_task = int(extra["episodes_per_task"] or EPISODES_PER_CASE)
+    if extra["write_cases"]:  # the case list only: no model, one environment
+        (env,) = make_env_pool(cfg.env, 1)
+        cases = make_cases(planned_tasks(env, cfg, extra["split"]), per_task, derive_seed(cfg.train.seed, "evaluation"))
+        env.close()
+        write_cases(Path(extra["write_cases"]), cases)
+        print(f"wrote {len(cases)} cases to {extra['write_cases']}")
+        return {"cases": len(cases)}
     accelerator = make_accelerator()
     torch.manual_seed(derive_seed(cfg.train.seed, "eval", accelerator.process_index))  # sampling: repeatable per seed
     with accelerator.main_process_first():
@@ -217,16 +232,10 @@ def main(argv: list[str] | None = None) -> dict:
     chat = ChatStream(tokenizer)
     size = max(1, cfg.rollout.tasks_per_iteration // accelerator.num_processes) * cfg.rollout.group_size
     envs = make_env_pool(cfg.env, size)
-    tasks = envs[0].tasks(extra["split"])
-    if cfg.train.eval_tasks > 0:
-        tasks = tasks[: cfg.train.eval_tasks]
-    per_task = int(extra["episodes_per_task"] or EPISODES_PER_CASE)
+    tasks = planned_tasks(envs[0], cfg, extra["split"])
     cases = make_cases(tasks, per_task, derive_seed(cfg.train.seed, "evaluation"))
     if extra["cases"]:
         cases = read_cases(Path(extra["cases"]))
-    if extra["write_cases"]:
-        write_cases(Path(extra["write_cases"]), cases)
-        print(f"wrote {len(cases)} cases to {extra['write_cases']}")
     with ThreadPoolExecutor(max_workers=len(envs)) as pool:
         bar = tqdm(total=-(-len(cases) // accelerator.num_processes), desc="eval",
                    disable=not accelerator.is_main_process)

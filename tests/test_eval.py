@@ -65,9 +65,13 @@ def test_the_same_cases_give_the_same_episodes_at_any_batch_size_and_process_cou
     """6 cases (3 test variations x 2 repeats), sampled at temperature 0.4: one process with 1 environment and
     generation batch 1, one process with 4 and 4, and 2 processes (cases sharded and gathered) play the same
     actions and get the same per-case results; the tables are identical."""
+    written = subprocess.run([sys.executable, "eval.py", "--config", SANITY, "--env.sanity.test_variations=3",
+                              "--episodes_per_task=2", f"--write_cases={tmp_path / 'cases.jsonl'}"],
+                             cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert written.returncode == 0 and "wrote 6 cases" in written.stdout, written.stderr[-2000:]
     one, table_one = eval_run(tmp_path, tiny_folder, "b1", "--rollout.tasks_per_iteration=1",
                               "--rollout.group_size=1", "--rollout.generation_batch_size=1",
-                              f"--write_cases={tmp_path / 'cases.jsonl'}")
+                              f"--cases={tmp_path / 'cases.jsonl'}")
     four, table_four = eval_run(tmp_path, tiny_folder, "b4", "--rollout.tasks_per_iteration=1",
                                 "--rollout.group_size=4", "--rollout.generation_batch_size=4",
                                 f"--cases={tmp_path / 'cases.jsonl'}")
