@@ -60,7 +60,7 @@ class ScienceWorldEnv(Env):
     _split_cache: dict[str, tuple[list[int], list[int], list[int], int]] = {}
 
     def __init__(self, cfg: ScienceWorldConfig | None = None, host: JvmHost | None = None):
-        """host: a JVM shared with other environments (`make_hosts`); None = a JVM of its own."""
+        """host: a JVM shared with other environments (`shared_hosts`); None = a JVM of its own."""
         self.cfg = cfg or ScienceWorldConfig()
         self._lock = threading.RLock()
         self._host = host or JvmHost(self.cfg.java_heap_mb, self.cfg.call_timeout_s, self.cfg.fixed_hash_order)
