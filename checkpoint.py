@@ -119,7 +119,7 @@ def find_checkpoint(out_dir: Path, resume: str) -> Path | None:
 # would make the continuation a different run than the one checkpointed.
 RESUMABLE_CHANGES = {"output_dir", "resume", "train.iterations", "train.eval_every", "train.eval_tasks",
                      "train.eval_episodes_per_task", "train.save_every", "train.keep_checkpoints",
-                     "train.torch_threads", "train.tensorboard", "train.wandb_project", "train.save_episodes",
+                     "train.torch_threads", "train.tensorboard", "train.wandb_project", "train.log_episodes",
                      "env.scienceworld.jvms"}
 
 

@@ -7,7 +7,7 @@
 seed, each as its own `python train.py` process, at equal iterations; the trainer's periodic validation is the
 no-memory return on the held-out test variations. The untrained model is evaluated too (iteration 0). Then the
 out-of-distribution check: every final model plays the second task family (`ood_family`), first without memory,
-then `--memory_rounds` rounds with the tips it writes itself and no parameter updates (eval.adapt_with_memory).
+then `--memory_rounds` rounds with the tips it writes itself and no parameter updates (eval.py --ood).
 Runs that already finished are skipped, so an interrupted comparison continues where it stopped.
 
 Everything lands in `--out`: runs/<algo>_s<seed>/ (metrics.jsonl, checkpoints, ood/eval.json), summary.json,
@@ -70,7 +70,7 @@ def run_all(out: Path, seeds: list[int], overrides: list[str], ood_family: str, 
             final = sorted((run / "checkpoints").glob("iter_*"))[-1]
             ood = run / "ood"
             cmd = [sys.executable, "eval.py", "--config", config, *common, f"--checkpoint={final}",
-                   f"--env.sanity.families=[{ood_family}]", f"--memory_rounds={memory_rounds}",
+                   f"--env.sanity.families=[{ood_family}]", f"--ood={memory_rounds}",
                    f"--episodes_per_task={ood_episodes}", f"--output={ood}"]
             commands.append(" ".join(cmd[1:]))
             if not (ood / "eval.json").exists():
@@ -105,7 +105,8 @@ def summarise(out: Path, seeds: list[int]) -> dict:
             curves[seed] = points
         iterations = sorted(set.intersection(*(set(c) for c in curves.values())))
         ood = [json.loads((out / "runs" / f"{algo}_s{s}" / "ood" / "eval.json").read_text()) for s in seeds]
-        rounds = np.array([o["memory_rounds"] for o in ood])  # [seeds, rounds + 1]
+        rounds = np.array([o["memory_rounds"] if "memory_rounds" in o else [s["return_mean"] for s in o["ood"]["steps"]]
+                           for o in ood])  # [seeds, rounds + 1] (older eval.json: "memory_rounds")
         result["algorithms"][algo] = {
             "iterations": iterations,
             "val_return": {str(i): [curves[s][i] for s in seeds] for i in iterations},

@@ -1,8 +1,9 @@
-"""Evaluation without memory (paper §6: "the trained model without memory at test time").
+"""Evaluation without memory, and adaptation with memory (paper §6: "the trained model without memory at test time";
+§6.1 "Adaptation in New Tasks with Memory Updates", Fig. 8).
 
     python eval.py --config configs/scienceworld_empo2.yaml [--checkpoint=runs/x/checkpoints/iter_000200]
-                   [--episodes_per_task=N] [--cases=FILE] [--write_cases=FILE] [--memory_rounds=K]
-                   [--output=DIR] [--section.key=value ...]
+                   [--episodes_per_task=N] [--cases=FILE] [--write_cases=FILE] [--ood[=K]] [--output=DIR]
+                   [--section.key=value ...]
 
 Protocol (paper §6.1, reference code): no tips, temperature `train.eval_temperature` (0.4), the test tasks
 (ScienceWorld: the first <= 20 test-split variations of each configured task; WebShop: the 500 test goals), each
@@ -10,15 +11,16 @@ repeated `--episodes_per_task` times (default 4, as the reference repeats each t
 (task, repeat, seed) that samples from its own seeded stream (generation.RowSampler), so a case's episode does not
 depend on the batch size, the number of processes (cases are sharded over ranks and gathered) or the other cases;
 `--write_cases=FILE` writes the list and stops (no model is loaded), `--cases=FILE` replays a saved one (committed
-lists: configs/eval/). Output: `eval.json` (every statistic and every
-episode) and `eval.md` (paper Table 1 layout for ScienceWorld: return mean ± standard error per task; Table 2 for
-WebShop: score and success rate). `evaluate()` is also the trainer's periodic validation (fixed cases, seeded
-independently of training).
+lists: configs/eval/). Output: `eval.json` (every statistic and every episode), `eval.md` (paper Table 1 layout for
+ScienceWorld: return mean ± standard error per task; Table 2 for WebShop: score and success rate) and a seeded
+sample of `train.log_episodes` episodes, turn by turn, in `episodes/` (viewer.py). `evaluate()` is also the
+trainer's periodic validation (fixed cases, seeded independently of training).
 
-`adapt_with_memory` (`--memory_rounds=K`) is the paper's OOD adaptation: the frozen model plays the tasks without
-memory, then K more rounds with the tips it wrote in earlier rounds. An OOD run is a checkpoint trained on one task
-evaluated on another (`--env.scienceworld.tasks=[other-task]`). Not built yet: seeded cases, mean +/- std per
-round and the paper's three transfers as ready-made configs for this mode.
+`--ood=K` (`adapt_with_memory`): the frozen model replays the same cases K more steps, each with the tips it wrote
+after the earlier steps (no parameter updates); step 0 is the evaluation itself. Output: mean ± std per step, the
+best step and its gain over step 0, as the paper reports, and the final memory (`memory.json`). Trained on task A
+and run on task B it is the paper's OOD transfer (configs/ood/); on the base model it is the Reflexion-style
+baseline (tips from earlier trials in the prompt, no updates); on the base model without `--ood`, the Naive one.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ import json
 import sys
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -36,12 +38,14 @@ from config import Config, ConfigError, config_help, load_config, split_cli
 from envs import make_env_pool
 from envs.base import Task
 from models import load_policy, load_trainable
-from memory import TipMemory, make_scorer
-from rollout import ChatStream, run_episodes, write_tips
+from memory import TipEntry, TipMemory, make_scorer
+from metrics import episode_record, sample_for_log, write_episodes
+from rollout import ChatStream, run_episodes, tip_entries, write_tips
 from runtime import LaunchError, check_launch, derive_seed, gather_objects, make_accelerator
 
 
 EPISODES_PER_CASE = 4  # the reference repeats every test row 4 times
+OOD_STEPS = 10  # adaptation steps after step 0 (the paper plots steps 0-9: --ood=9)
 
 
 @dataclass(frozen=True)
@@ -80,38 +84,70 @@ def read_cases(path: Path) -> list[Case]:
     return cases
 
 
+def case_order(row: dict) -> tuple:
+    """Sort key of a result row: (task name, variation, repeat), whatever rank played it."""
+    name, variation = row["task"].rsplit("/", 1)
+    return name, int(variation), row["repeat"]
+
+
+def play_cases(model, chat: ChatStream, envs: list, cases: list[Case], cfg: Config, *, accelerator=None,
+               pool: ThreadPoolExecutor | None = None, progress=None, memory: TipMemory | None = None,
+               tips: bool = False, logged: set | None = None) -> tuple[list[dict], list[dict]]:
+    """Play this rank's share of `cases` (in chunks of len(envs)) and gather every rank's (result rows, episode
+    records of the cases in `logged`), sorted by case. memory: retrieve its tips (on-policy with tips); tips: also
+    write one tip per episode (rollout.write_tips, seeded by the case), as memory entries in `row["tip_entries"]`."""
+    rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
+    mine = cases[rank::world]
+    rows, records = [], []
+    for start in range(0, len(mine), len(envs)):
+        chunk = mine[start : start + len(envs)]
+        seeds = None if any(c.seed is None for c in chunk) else [c.seed for c in chunk]
+        episodes = run_episodes(model, chat, envs, [c.task for c in chunk], list(range(len(chunk))),
+                                mode="on_policy_tips" if memory is not None else "no_memory", memory=memory,
+                                cfg=cfg.rollout, temperature=cfg.train.eval_temperature, pool=pool, seeds=seeds,
+                                keep_caches=tips)
+        if tips:
+            write_tips(model, chat, episodes, None, cfg.rollout)
+        for ep, c in zip(episodes, chunk):
+            row = {"task": ep.task.key, "repeat": c.repeat, "seed": c.seed, "return": ep.extrinsic_return,
+                   "success": ep.success, "length": ep.num_actions, "truncated": ep.truncated, "actions": ep.actions}
+            if tips:
+                row.update(tip=ep.tip, tip_entries=[asdict(e) for e in tip_entries(ep)])
+            rows.append(row)
+            if logged is not None and c in logged:
+                records.append({**episode_record(ep), "repeat": c.repeat})
+        if progress is not None:
+            progress.update(len(chunk))
+    # Sorted by case: nothing downstream depends on which rank played what (floating-point sums included).
+    parts = gather_objects(accelerator, (rows, records))
+    rows = sorted((r for part, _ in parts for r in part), key=case_order)
+    records = sorted((r for _, part in parts for r in part), key=case_order)
+    return rows, records
+
+
+def statistics(rows: list[dict]) -> dict:
+    """Overall and per-task statistics (a task = all its variations: the paper's Table 1 rows)."""
+    per_task: dict = defaultdict(list)
+    for r in rows:
+        per_task[r["task"].rsplit("/", 1)[0]].append(r)
+    return {**summary(rows), "per_task": {name: summary(part) for name, part in sorted(per_task.items())}}
+
+
 def evaluate(model, chat: ChatStream, envs: list, tasks: list, cfg: Config, *, accelerator=None,
              episodes_per_task: int = 1, pool: ThreadPoolExecutor | None = None, progress=None,
              seed: int | None = None, cases: list[Case] | None = None) -> dict:
-    """No-memory episodes; returns overall and per-task statistics and every episode (the same on all ranks).
+    """No-memory episodes; returns overall and per-task statistics, every episode's result and a seeded sample of
+    `train.log_episodes` episode records for the viewer (the same on all ranks).
 
     cases: what to play (default: `make_cases(tasks, episodes_per_task, seed)`). A case with a seed samples from its
     own stream, so its episode is the same at any batch size, number of processes or order of cases (up to
-    floating-point differences between batch shapes; tests/test_eval.py); results are sorted by case before any
-    statistic is computed."""
-    rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
-    cases = (cases if cases is not None else make_cases(tasks, episodes_per_task, seed))[rank::world]
-    results = []
+    floating-point differences between batch shapes; tests/test_eval.py)."""
+    cases = cases if cases is not None else make_cases(tasks, episodes_per_task, seed)
     model.eval()
-    for start in range(0, len(cases), len(envs)):
-        chunk = cases[start : start + len(envs)]
-        seeds = None if any(c.seed is None for c in chunk) else [c.seed for c in chunk]
-        episodes = run_episodes(model, chat, envs, [c.task for c in chunk], list(range(len(chunk))),
-                                mode="no_memory", memory=None, cfg=cfg.rollout, temperature=cfg.train.eval_temperature,
-                                pool=pool, seeds=seeds)
-        results += [{"task": ep.task.key, "repeat": c.repeat, "seed": c.seed, "return": ep.extrinsic_return,
-                     "success": ep.success, "length": ep.num_actions, "truncated": ep.truncated,
-                     "actions": ep.actions} for ep, c in zip(episodes, chunk)]
-        if progress is not None:
-            progress.update(len(chunk))
-    # Sorted by case: the statistics do not depend on which rank played what (floating-point sums included).
-    results = sorted((r for part in gather_objects(accelerator, results) for r in part),
-                     key=lambda r: (r["task"].rsplit("/", 1)[0], int(r["task"].rsplit("/", 1)[1]), r["repeat"]))
-    per_task: dict = defaultdict(list)
-    for r in results:
-        per_task[r["task"].rsplit("/", 1)[0]].append(r)  # a task = all its variations (paper Table 1 rows)
-    return {**summary(results), "per_task": {name: summary(rows) for name, rows in sorted(per_task.items())},
-            "episode_results": results}
+    logged = set(sample_for_log(cases, cfg.train.log_episodes, derive_seed(cfg.train.seed, "log", "evaluation")))
+    rows, records = play_cases(model, chat, envs, cases, cfg, accelerator=accelerator, pool=pool, progress=progress,
+                               logged=logged)
+    return {**statistics(rows), "episode_results": rows, "logged_episodes": records}
 
 
 def standard_error(values: list[float]) -> float:
@@ -134,27 +170,52 @@ def summary(rows: list[dict]) -> dict:
     }
 
 
-def adapt_with_memory(model, chat: ChatStream, envs: list, tasks: list, cfg: Config, rounds: int,
-                      pool: ThreadPoolExecutor | None = None) -> list[float]:
-    """Adaptation with memory updates and no parameter updates (paper §6.1, OOD): round 0 plays `tasks` without
-    memory; after every round the frozen policy writes tips, and round r >= 1 plays with the tips retrieved from
-    all earlier rounds. Returns the mean extrinsic return of each round (rounds + 1 values)."""
+def adapt_with_memory(model, chat: ChatStream, envs: list, cases: list[Case], cfg: Config, steps: int, *,
+                      accelerator=None, pool: ThreadPoolExecutor | None = None, progress=None,
+                      log=None) -> tuple[dict, TipMemory]:
+    """The paper's OOD adaptation (§6.1, Fig. 8): a frozen model, no parameter updates. Step 0 plays `cases` without
+    memory (the same episodes as `evaluate` on them); after every step the model writes one tip per episode, and
+    step s >= 1 replays the cases with the tips of all earlier steps retrieved (memory keyed by task variation, as
+    in training). Step s samples case c from derive_seed(c.seed, "ood", s). Every rank adds every rank's tips in
+    case order, so the memory, and the result, do not depend on the number of processes.
+
+    log(step, records): called with each step's episode records (a seeded sample of `train.log_episodes`). Returns the per-step statistics, the best step
+    (highest mean return among steps >= 1), its gain over step 0 (absolute, and relative to |step 0|, as the paper's
+    "+137.5 %"), and the final memory."""
     memory = TipMemory(cfg.memory.capacity, cfg.memory.top_k, make_scorer(cfg.memory.similarity,
                        cfg.memory.embedding_model), cfg.memory.similarity_threshold)
     model.eval()
-    means = []
-    for round_index in range(rounds + 1):
-        returns = []
-        for start in range(0, len(tasks), len(envs)):
-            chunk = tasks[start : start + len(envs)]
-            episodes = run_episodes(model, chat, envs, chunk, list(range(len(chunk))), memory=memory,
-                                    mode="on_policy_tips" if round_index else "no_memory", cfg=cfg.rollout,
-                                    temperature=cfg.train.eval_temperature, pool=pool, keep_caches=True)
-            write_tips(model, chat, episodes, memory, cfg.rollout)
-            returns += [ep.extrinsic_return for ep in episodes]
-        memory.sync()  # this round's tips become visible to the next round
-        means.append(float(np.mean(returns)) if returns else 0.0)
-    return means
+    per_step = []
+    for step in range(steps + 1):
+        step_cases = [c if step == 0 or c.seed is None else replace(c, seed=derive_seed(c.seed, "ood", step))
+                      for c in cases]
+        logged = set(sample_for_log(step_cases, cfg.train.log_episodes, derive_seed(cfg.train.seed, "log", step)))
+        rows, records = play_cases(model, chat, envs, step_cases, cfg, accelerator=accelerator, pool=pool,
+                                   progress=progress, memory=memory if step else None, tips=True, logged=logged)
+        for row in rows:  # after the step: its tips become visible to the next one
+            for entry in row.pop("tip_entries"):
+                memory.add(row["task"], TipEntry(**entry))
+        per_step.append({"step": step, **statistics(rows), "memory_size": memory.size(), "episode_results": rows})
+        if log is not None:
+            log(step, records)
+    step0 = per_step[0]["return_mean"]
+    best = max(per_step[1:], key=lambda s: s["return_mean"]) if steps else per_step[0]
+    gain = best["return_mean"] - step0
+    return {"steps": per_step, "best_step": best["step"], "best_gain": gain,
+            "best_gain_relative": gain / abs(step0) if step0 else None}, memory
+
+
+def ood_table(ood: dict, title: str) -> str:
+    """Mean return ± standard deviation per adaptation step (paper Fig. 8) and the best-step gain over step 0."""
+    lines = [f"# {title}", "", "| step | memory | episodes | return (mean ± std) | success rate | tips in memory |",
+             "|---|---|---|---|---|---|"]
+    for s in ood["steps"]:
+        lines.append(f"| {s['step']} | {'no' if s['step'] == 0 else 'yes'} | {s['episodes']} | "
+                     f"{s['return_mean']:.1f} ± {s['return_std']:.1f} | {s['success_rate']:.2f} | {s['memory_size']} |")
+    relative = ood["best_gain_relative"]
+    lines += ["", f"Best step: {ood['best_step']}, gain over step 0: {ood['best_gain']:+.1f}"
+              + (f" ({100 * relative:+.1f} % of |step 0|)" if relative is not None else "")]
+    return "\n".join(lines) + "\n"
 
 
 def markdown_table(result: dict, title: str, env_name: str = "scienceworld") -> str:
@@ -183,9 +244,10 @@ def planned_tasks(env, cfg: Config, split: str) -> list[Task]:
 
 
 USAGE = """usage: python eval.py --config FILE [--checkpoint=DIR] [--episodes_per_task=N] [--split=test|train]
-                     [--cases=FILE] [--write_cases=FILE] [--memory_rounds=K] [--output=DIR] [--section.key=value ...]
+                     [--cases=FILE] [--write_cases=FILE] [--ood[=K]] [--output=DIR] [--section.key=value ...]
 
-Every config key, with its default:
+--ood[=K]: the OOD adaptation protocol after the evaluation: K (default 10) more steps with memory, no updates
+(configs/ood/ holds the paper's three transfers). Every config key, with its default:
 """
 
 
@@ -196,12 +258,14 @@ def main(argv: list[str] | None = None) -> dict:
     if "--help" in argv or "-h" in argv:
         print(USAGE + config_help())
         return {}
-    extra = {"checkpoint": "", "episodes_per_task": "", "output": "", "split": "test", "memory_rounds": "0",
+    extra = {"checkpoint": "", "episodes_per_task": "", "output": "", "split": "test", "ood": "",
              "cases": "", "write_cases": ""}
     rest = []
     for arg in argv:
         name = arg[2:].split("=", 1)[0] if arg.startswith("--") else ""
-        if name in extra and "=" in arg:
+        if name == "ood" and "=" not in arg:
+            extra["ood"] = str(OOD_STEPS)
+        elif name in extra and "=" in arg:
             extra[name] = arg.split("=", 1)[1]
         else:
             rest.append(arg)
@@ -212,6 +276,11 @@ def main(argv: list[str] | None = None) -> dict:
         if check_launch(cfg.model).fsdp:
             raise LaunchError("eval.py runs data parallel, each rank with the whole model: launch it without the "
                               "FSDP config (e.g. configs/accelerate/multi_gpu_8.yaml)")
+        ood_steps = int(extra["ood"] or 0)
+        if ood_steps < 0:
+            raise ConfigError(f"--ood={ood_steps}: the number of adaptation steps must be >= 0")
+    except ValueError as err:
+        sys.exit(f"config error: --ood takes a number of steps ({err})")
     except ConfigError as err:
         sys.exit(f"config error: {err}")
     per_task = int(extra["episodes_per_task"] or EPISODES_PER_CASE)
@@ -236,32 +305,40 @@ def main(argv: list[str] | None = None) -> dict:
     cases = make_cases(tasks, per_task, derive_seed(cfg.train.seed, "evaluation"))
     if extra["cases"]:
         cases = read_cases(Path(extra["cases"]))
+    out = Path(extra["output"] or (extra["checkpoint"] or cfg.output_dir))
+    main_process = accelerator.is_main_process
+
+    def log(name: str, records: list[dict]) -> None:
+        if main_process and cfg.train.log_episodes:
+            write_episodes(out / "episodes" / f"{name}.jsonl", records)
+
+    label = f"{cfg.model.name_or_path} {extra['checkpoint']}".strip()
     with ThreadPoolExecutor(max_workers=len(envs)) as pool:
-        bar = tqdm(total=-(-len(cases) // accelerator.num_processes), desc="eval",
-                   disable=not accelerator.is_main_process)
-        result = evaluate(model, chat, envs, tasks, cfg, accelerator=accelerator, pool=pool, progress=bar,
-                          cases=cases)
+        bar = tqdm(total=-(-len(cases) // accelerator.num_processes) * (1 + ood_steps), desc="eval",
+                   disable=not main_process)
+        if ood_steps:  # step 0 of the adaptation is the evaluation itself (same cases, same seeds)
+            ood, memory = adapt_with_memory(model, chat, envs, cases, cfg, ood_steps, accelerator=accelerator,
+                                            pool=pool, progress=bar,
+                                            log=lambda step, records: log(f"ood_step_{step:02d}", records))
+            result = {**ood["steps"][0], "ood": ood}
+            if main_process:
+                memory.save(str(out / "memory.json"))
+        else:
+            result = evaluate(model, chat, envs, tasks, cfg, accelerator=accelerator, pool=pool, progress=bar,
+                              cases=cases)
+            log("evaluation", result.pop("logged_episodes"))
         bar.close()
-        if int(extra["memory_rounds"]) > 0:
-            if accelerator.num_processes > 1:
-                sys.exit("error: --memory_rounds runs in one process (every round's tips come from all episodes)")
-            jobs = [task for task in tasks for _ in range(per_task)]
-            result["memory_rounds"] = adapt_with_memory(model, chat, envs, jobs, cfg, int(extra["memory_rounds"]),
-                                                        pool=pool)
     for env in envs:
         env.close()
-    result["model"] = cfg.model.name_or_path
-    result["checkpoint"] = extra["checkpoint"]
-    result["temperature"] = cfg.train.eval_temperature
-    out = Path(extra["output"] or (extra["checkpoint"] or cfg.output_dir))
-    if accelerator.is_main_process:
+    result.update(model=cfg.model.name_or_path, checkpoint=extra["checkpoint"], temperature=cfg.train.eval_temperature)
+    if main_process:
         out.mkdir(parents=True, exist_ok=True)
         (out / "eval.json").write_text(json.dumps(result, indent=2))
-        title = f"Evaluation without memory: {cfg.model.name_or_path} {extra['checkpoint']}".strip()
-        (out / "eval.md").write_text(markdown_table(result, title, cfg.env.name))
-        print(markdown_table(result, title, cfg.env.name))
-        if "memory_rounds" in result:
-            print("mean return per memory round (0 = no memory):", [round(r, 1) for r in result["memory_rounds"]])
+        table = markdown_table(result, f"Evaluation without memory: {label}", cfg.env.name)
+        if ood_steps:
+            table += "\n" + ood_table(result["ood"], f"Adaptation with memory, no updates: {label}")
+        (out / "eval.md").write_text(table)
+        print(table)
         print(f"wrote {out / 'eval.json'} and {out / 'eval.md'}")
     return result
 

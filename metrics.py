@@ -4,11 +4,14 @@
   episodes (the extrinsic return: what the environment paid, without the novelty bonus).
 * `merge_rank_metrics`: one iteration's record from every rank's episodes, update statistics and counts.
 * `MetricsLogger`: appends records on the main process; `plot_metrics` draws the PNG from metrics.jsonl.
+* `episode_record` / `sample_for_log` / `write_episodes`: a capped, seeded sample of episodes, turn by turn, in
+  output_dir/episodes/*.jsonl (what viewer.py shows).
 """
 from __future__ import annotations
 
 import json
 import math
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,14 +142,32 @@ class MetricsLogger:
             self.tb.close()
 
 
-def write_episodes(path: Path, episodes, returns: list[float]) -> None:
-    """One JSON line per episode (task, group, mode, actions, rewards, return, outcome, tip): what a rank played."""
+def episode_record(ep, ret: float | None = None) -> dict:
+    """An episode turn by turn, as the trajectory viewer (viewer.py) shows it: the observation before each action,
+    the tip block in that step's prompt, the action and its reward; the final observation and the tip written
+    afterwards. ret: the return its advantage used (default: what the environment paid)."""
+    return {"task": ep.task.key, "group": ep.group, "mode": ep.mode, "seed": ep.seed,
+            "return": ep.extrinsic_return if ret is None else ret, "extrinsic_return": ep.extrinsic_return,
+            "success": ep.success, "truncated": ep.truncated, "observations": ep.observations,
+            "tips_shown": ep.tips_shown, "actions": ep.actions, "rewards": ep.rewards, "intrinsic": ep.intrinsic,
+            "final_observation": ep.final_observation, "tip": ep.tip}
+
+
+def sample_for_log(records: list[dict], cap: int, seed: int) -> list[dict]:
+    """At most `cap` records (-1: all), a seeded sample in their original order: logs stay small, and drawing the
+    sample never touches a random stream the run uses."""
+    if cap < 0 or len(records) <= cap:
+        return list(records)
+    keep = sorted(random.Random(seed).sample(range(len(records)), cap))
+    return [records[i] for i in keep]
+
+
+def write_episodes(path: Path, records: list[dict]) -> None:
+    """One JSON line per episode record (`episode_record`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        for ep, ret in zip(episodes, returns):
-            f.write(json.dumps({"task": ep.task.key, "group": ep.group, "mode": ep.mode, "actions": ep.actions,
-                                "rewards": ep.rewards, "return": ret, "success": ep.success,
-                                "truncated": ep.truncated, "tip": ep.tip}) + "\n")
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+    tmp.replace(path)
 
 
 def plot_metrics(metrics_path: Path, png_path: Path) -> None:

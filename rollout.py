@@ -88,6 +88,7 @@ class Episode:
     rewards: list[float] = field(default_factory=list)  # what the environment paid, per step
     intrinsic: list[float] = field(default_factory=list)  # novelty bonus 1/n per step (0 when not counted)
     tips_retrieved: list[int] = field(default_factory=list)
+    tips_shown: list[str] = field(default_factory=list)  # the tip block of each step's prompt ('' = none)
     final_observation: str = ""
     success: bool = False
     done: bool = False
@@ -275,6 +276,7 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
                 continue
             ep.add_prompt(delta, twin_delta)
             ep.tips_retrieved.append(len(retrieved))
+            ep.tips_shown.append(block)
             ep.observations.append(observations[i])
             live.append(i)
             contexts.append(context)
@@ -346,11 +348,11 @@ def tip_context(chat: ChatStream, ep: Episode) -> list[int]:
     return history + chat.close_action(ep.last_action_ids) + chat.next_turn(ep.final_observation + "\n\n" + TIP_PROMPT)
 
 
-def write_tips(model, chat: ChatStream, episodes: list[Episode], memory: TipMemory, cfg: RolloutConfig
+def write_tips(model, chat: ChatStream, episodes: list[Episode], memory: TipMemory | None, cfg: RolloutConfig
                ) -> dict[str, float]:
-    """The policy reflects on each episode (one batched generate); one staged memory entry per step.
-
-    An episode's KV cache (run_episodes(keep_caches=True)) is reused: only the tip turn is encoded, then freed."""
+    """The policy reflects on each episode (one batched generate) into `ep.tip`; `tip_entries(ep)` are staged in
+    `memory` (None: the caller stores them). An episode's KV cache (run_episodes(keep_caches=True)) is reused: only
+    the tip turn is encoded, then freed."""
     todo = [ep for ep in episodes if ep.num_actions > 0]
     caches = [ep.kv_cache for ep in todo] if kv_reuse_enabled(model, cfg) else None
     for ep in episodes:
@@ -363,13 +365,16 @@ def write_tips(model, chat: ChatStream, episodes: list[Episode], memory: TipMemo
     empty = 0
     for ep, ids in zip(todo, outputs):
         ep.tip = clean_tip(chat.plain(chat.decode(ids)))
-        if not ep.tip:
-            empty += 1
-            continue
-        for observation, action in zip(ep.observations, ep.actions):
-            entry = TipEntry(tip=ep.tip, action=action, ret=round(ep.extrinsic_return, 1), state=observation)
+        empty += not ep.tip
+        for entry in tip_entries(ep) if memory is not None else ():
             memory.stage(ep.task.key, entry)
     return {"tips_written": float(len(todo) - empty), "tips_empty": float(empty)}
+
+
+def tip_entries(ep: Episode) -> list[TipEntry]:
+    """One memory entry per step of an episode with a tip: (tip, the step's action, the return, the step's state)."""
+    return [TipEntry(tip=ep.tip, action=action, ret=round(ep.extrinsic_return, 1), state=observation)
+            for observation, action in zip(ep.observations, ep.actions)] if ep.tip else []
 
 
 # ----------------------------------------------------------------------------- training samples
@@ -408,14 +413,9 @@ def build_samples(episodes: list[Episode], advantages: list[float], *, off_polic
             samples.append(Sample(ep.twin_ids, ep.twin_mask, ep.twin_ids, ep.twin_mask, [adv] * sum(ep.twin_mask),
                                   old_contexts=old))
             continue
-        if ep.steps:
-            pieces = [(s.ids + s.action_ids, s.twin_ids + s.action_ids,
-                       [0] * len(s.ids) + [1] * len(s.action_ids), [0] * len(s.twin_ids) + [1] * len(s.action_ids))
-                      for s in ep.steps if s.action_ids]
-        elif any(ep.mask):
-            pieces = [(ep.ids, ep.twin_ids, ep.mask, ep.twin_mask)]
-        else:
-            pieces = []
+        pieces = [(s.ids + s.action_ids, s.twin_ids + s.action_ids, [0] * len(s.ids) + [1] * len(s.action_ids),
+                   [0] * len(s.twin_ids) + [1] * len(s.action_ids)) for s in ep.steps if s.action_ids] if ep.steps \
+            else [(ep.ids, ep.twin_ids, ep.mask, ep.twin_mask)] if any(ep.mask) else []
         for ids, twin, mask, twin_mask in pieces:
             n_actions = sum(mask)
             if off:

@@ -47,7 +47,8 @@ from envs import make_env_pool
 from eval import evaluate
 from losses import compute_old_logprobs, group_advantages, length_buckets, padded_tokens, samples_loss
 from memory import TipMemory, make_scorer
-from metrics import EpisodeStats, MetricsLogger, merge_rank_metrics, plot_metrics, write_episodes
+from metrics import (EpisodeStats, MetricsLogger, episode_record, merge_rank_metrics, plot_metrics, sample_for_log,
+                     write_episodes)
 from models import ModelLoadError, load_policy
 from rollout import (ChatStream, Sample, advantage_return, build_samples, check_prompt_budget, draw_mode,
                      intrinsic_return, run_episodes, write_tips)
@@ -325,10 +326,10 @@ def train(cfg: Config) -> dict:
             update_metrics["old_logp_padding_frac"] = old_pad / max(old_positions, 1)
             t3 = time.perf_counter()
 
-            if cfg.train.save_episodes:
-                write_episodes(out_dir / "episodes" / f"iter_{iteration:06d}_rank{rank}.jsonl", episodes,
-                               [returns[id(ep)] if id(ep) in returns else advantage_return(ep, cfg.intrinsic)
-                                for ep in episodes])  # an excluded (crashed) episode: its partial return
+            if cfg.train.log_episodes:  # a seeded sample, turn by turn, for viewer.py (a crashed one: partial return)
+                records = [episode_record(ep, returns.get(id(ep), advantage_return(ep, cfg.intrinsic))) for ep in episodes]
+                write_episodes(out_dir / "episodes" / f"iter_{iteration:06d}_rank{rank}.jsonl", sample_for_log(
+                    records, cfg.train.log_episodes, derive_seed(cfg.train.seed, "log", iteration, rank)))
             # One exchange per iteration: every rank's episodes, update statistics and tip counts.
             stats = [EpisodeStats.of(ep, intrinsic_return(ep, cfg.intrinsic)) for ep in episodes]
             parts = gather_objects(accelerator, (stats, update_metrics, counts))
@@ -344,6 +345,8 @@ def train(cfg: Config) -> dict:
                                    seed=derive_seed(cfg.train.seed, "validation"))  # the same cases every time
                 record.update(val_return_mean=val["return_mean"], val_success_rate=val["success_rate"],
                               time_eval=time.perf_counter() - t4)
+                if cfg.train.log_episodes and accelerator.is_main_process:
+                    write_episodes(out_dir / "episodes" / f"val_{iteration:06d}.jsonl", val["logged_episodes"])
             logger.log(record)
             last = record
             bar.set_postfix(mode=mode, ret=f"{record['return_mean']:.1f}", mem=int(record.get("memory_size", 0)))

@@ -47,14 +47,15 @@ def test_statistics_and_tables_by_hand():
     assert "| Score | 20.0 ± 29.4 |" in webshop and "| Succ. (%) | 25.0 ± 25.0 |" in webshop
 
 
-def eval_run(tmp_path, model_folder, name, *extra, processes=1):
+def eval_run(tmp_path, model_folder, name, *extra, processes=1, env=None):
     out = tmp_path / name
     launcher = [sys.executable] if processes == 1 else [
         sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}", f"--master_port={free_port()}"]
     cmd = launcher + ["eval.py", "--config", SANITY, f"--model.name_or_path={model_folder}", f"--output={out}",
                       "--env.sanity.test_variations=3", "--episodes_per_task=2", "--train.torch_threads=1",
                       "--rollout.max_action_tokens=6", *extra]
-    proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, cwd=ROOT, env={**clean_env(), **(env or {})}, capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "eval.json").read_text())
     return result, (out / "eval.md").read_text()
@@ -109,3 +110,53 @@ def test_a_checkpoint_copied_elsewhere_with_its_base_model_moved_still_evaluates
     there, _ = eval_run(tmp_path, base, "there", f"--checkpoint={moved}")
     assert there["episode_results"] == here["episode_results"]
     PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), moved / "model")  # plain peft loads it
+
+
+@pytest.mark.slow
+def test_ood_adaptation_is_the_evaluation_then_steps_with_memory_at_any_process_count(tmp_path, tiny_folder):
+    """--ood=2: step 0 is exactly the no-memory evaluation of the same cases; steps 1-2 retrieve the tips written
+    after the earlier steps; 1 and 2 processes give the same episodes, memory sizes and tables."""
+    plain, _ = eval_run(tmp_path, tiny_folder, "plain")
+    one, table = eval_run(tmp_path, tiny_folder, "ood1", "--ood=2")
+    two, table_two = eval_run(tmp_path, tiny_folder, "ood2", "--ood=2", "--rollout.tasks_per_iteration=2",
+                              processes=2)
+    steps = one["ood"]["steps"]
+    assert [s["step"] for s in steps] == [0, 1, 2] and all(s["episodes"] == 6 for s in steps)
+    assert [{k: v for k, v in r.items() if k != "tip"} for r in steps[0]["episode_results"]] == plain["episode_results"]
+    assert one["return_mean"] == plain["return_mean"] and one["per_task"] == plain["per_task"]
+    assert 0 < steps[0]["memory_size"] <= steps[1]["memory_size"] <= steps[2]["memory_size"]
+    assert steps[1]["episode_results"] != steps[0]["episode_results"]  # another seed per step, and tips
+    assert two["ood"] == one["ood"] and table_two == table
+    best = max(steps[1:], key=lambda s: s["return_mean"])
+    assert one["ood"]["best_step"] == best["step"]
+    assert one["ood"]["best_gain"] == pytest.approx(best["return_mean"] - steps[0]["return_mean"])
+    assert "| 0 | no | 6 |" in table and "| 2 | yes | 6 |" in table and "Best step:" in table
+    memory = json.loads((tmp_path / "ood1" / "memory.json").read_text())
+    assert sum(map(len, memory["entries"].values())) == steps[2]["memory_size"]
+    episodes = [json.loads(line) for line in (tmp_path / "ood1" / "episodes" / "ood_step_01.jsonl").read_text()
+                .splitlines()]
+    assert episodes and any(block for e in episodes for block in e["tips_shown"])  # the viewer sees the tips
+
+
+@pytest.mark.slow
+def test_a_hub_id_resolves_from_the_local_hub_cache(tmp_path, tiny_folder):
+    """A user's `--model.name_or_path=Org/Name` loads from the Hugging Face cache (offline here): the same
+    episodes as the folder itself."""
+    snapshot = tmp_path / "hub" / "models--tiny-org--tiny-qwen2" / "snapshots" / ("0" * 40)
+    shutil.copytree(tiny_folder, snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
+    by_folder, _ = eval_run(tmp_path, tiny_folder, "folder")
+    by_id, table = eval_run(tmp_path, "tiny-org/tiny-qwen2", "hub", env={"HF_HUB_CACHE": str(tmp_path / "hub")})
+    assert by_id["episode_results"] == by_folder["episode_results"] and by_id["model"] == "tiny-org/tiny-qwen2"
+
+
+def test_logged_episodes_are_a_capped_seeded_sample_in_order():
+    from metrics import sample_for_log
+
+    records = [{"i": i} for i in range(10)]
+    three = sample_for_log(records, 3, seed=5)
+    assert len(three) == 3 and three == sorted(three, key=lambda r: r["i"]) and three == sample_for_log(records, 3, 5)
+    assert sample_for_log(records, 3, seed=6) != three or sample_for_log(records, 3, seed=7) != three
+    assert sample_for_log(records, -1, 5) == records and sample_for_log(records, 0, 5) == []
+    assert sample_for_log(records, 20, 5) == records

@@ -38,7 +38,7 @@ def test_ranks_sample_their_own_episodes_yet_keep_identical_weights(tmp_path, ti
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}", "train.py",
            "--config", SANITY, *tiny_args(tiny_folder, out, "--train.iterations=1", "--env.sanity.train_variations=1",
-                                          "--train.save_episodes=true", "--memory.p_no_memory=1",
+                                          "--train.log_episodes=-1", "--memory.p_no_memory=1",
                                           "--memory.p_on_policy_tips=0", "--memory.p_off_policy=0")]
     proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -66,7 +66,7 @@ def test_a_crashed_episode_is_counted_but_not_learned_from(tmp_path, tiny_folder
 
     monkeypatch.setattr(SanityEnv, "step", crash_on_the_third_step)
     out = tmp_path / "run"
-    train(load_config(SANITY, tiny_args(tiny_folder, out, "--train.iterations=2", "--train.save_episodes=true",
+    train(load_config(SANITY, tiny_args(tiny_folder, out, "--train.iterations=2", "--train.log_episodes=-1",
                                         "--memory.p_no_memory=1", "--memory.p_on_policy_tips=0",
                                         "--memory.p_off_policy=0")))
     first, second = rows(out)

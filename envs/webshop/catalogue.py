@@ -3,7 +3,9 @@
 Maps to docs/webshop.md:
   §6.1  file schemas: `items_shuffle*.json` (list of raw Amazon products), `items_ins_v2*.json`
         (asin -> attributes [+ instruction, instruction_attributes]), `items_human_ins.json`;
-        product loading: which raw fields are kept and how they are normalised (`process_products`);
+        product loading: which raw fields are kept and how they are normalised (`process_products`,
+        WebShop's `engine.load_products`): the pricing string split on "$" (`parse_pricing`),
+        option values kept with their duplicates and empty groups (`_process_options`);
         one fixed price per load (single price, uniform(low, high) for a range, 100.0 if missing).
   §6.2  offline default: `generator.py` writes a catalogue in the same raw schema; it goes through
         the same `process_products`.
@@ -11,7 +13,8 @@ Maps to docs/webshop.md:
 Deviations (deliberate, documented):
   * The per-load price sampling uses `random.Random(seed)` instead of the unseeded global RNG, so
     a catalogue (and therefore every goal's price clause) is reproducible.
-  * Option groups whose value list is null/empty are dropped (they offer nothing to click).
+  * Malformed input the original crashes on (a pricing string without a number, an option entry
+    without a "value") is tolerated: the price counts as missing, the entry is skipped.
   * Loading the full 5.5 GB `items_shuffle.json` with `json.load` needs tens of GB of memory; the
     project targets the 1000-product setting (`num_products` keeps the first N products).
 
@@ -23,6 +26,7 @@ import argparse
 import hashlib
 import json
 import random
+import re
 import sys
 import urllib.request
 from pathlib import Path
@@ -53,17 +57,25 @@ OFFICIAL_SOURCES = {
 
 
 def parse_pricing(pricing) -> list[float]:
-    """'$12.99' -> [12.99]; '$1,299.00 - $1,499.00' -> [1299.0, 1499.0]; '' / junk -> []."""
-    if not isinstance(pricing, str) or not pricing.strip():
-        return []
+    """The original's `pricing` list (docs/webshop.md §6.1): split on "$", keep digits and dots.
+
+    WebShop splits the string on "$", drops the text before the first "$", strips every character
+    that is not a digit or a dot from each piece and keeps the first two numbers, so
+    "$19.99$27.99" (the scraped file's range format) and "$19.99 - $27.99" both give
+    [19.99, 27.99], "$1,299.00" gives [1299.0]. A missing price (None / "") gives [100.0].
+    Deviation: where the original raises (no "$" at all, a piece with no number such as "$" or
+    "1.2.3"), such pieces are skipped and a string with no usable number counts as missing.
+    """
+    if not isinstance(pricing, str) or not pricing:
+        return [MISSING_PRICE]
     prices = []
-    for part in pricing.split("-")[:2]:
-        text = part.strip().lstrip("$").replace(",", "").strip()
+    for piece in pricing.split("$")[1:]:
+        digits = re.sub(r"[^\d.]", "", piece)
         try:
-            prices.append(float(text))
+            prices.append(float(digits))
         except ValueError:
-            return []
-    return prices
+            continue
+    return prices[:2] or [MISSING_PRICE]
 
 
 def format_price(prices: list[float]) -> str:
@@ -75,23 +87,36 @@ def format_price(prices: list[float]) -> str:
     return f"${prices[0]} to ${prices[1]}"
 
 
+def sample_price(prices: list[float], rng: random.Random) -> float:
+    """The one price per load the reward uses: the single price, uniform(low, high) for a range."""
+    if not prices:
+        return MISSING_PRICE
+    if len(prices) == 1:
+        return prices[0]
+    return rng.uniform(prices[0], prices[1])
+
+
 def _process_options(raw) -> dict[str, list[str]]:
+    """`customization_options` -> {lower(name): [values]} exactly as WebShop loads them.
+
+    A group whose value list is null is skipped; an empty list is kept as an empty group (it shows
+    its name on the item page and, as in the original, gives the product no synthetic goal).
+    Values are stripped, "/" becomes " | ", then lower-cased; duplicates are kept (they make
+    duplicate goals in the original too). Deviation: entries without a string "value" are skipped
+    (the original raises on them).
+    """
     options: dict[str, list[str]] = {}
-    if not isinstance(raw, dict):
+    if not raw or not isinstance(raw, dict):
         return options
     for name, values in raw.items():
-        if not values:
+        if values is None:
             continue
         cleaned = []
-        for entry in values:
-            value = entry.get("value") if isinstance(entry, dict) else entry
-            if value is None:
-                continue
-            value = str(value).lower().replace("/", " | ").strip()
-            if value and value not in cleaned:
-                cleaned.append(value)
-        if cleaned:
-            options[str(name).lower().strip()] = cleaned
+        for entry in values if isinstance(values, list) else []:
+            value = entry.get("value") if isinstance(entry, dict) else None
+            if isinstance(value, str):
+                cleaned.append(value.strip().replace("/", " | ").lower())
+        options[str(name).lower()] = cleaned
     return options
 
 
@@ -99,6 +124,7 @@ def process_products(raw_products: list[dict], attributes: dict | None, seed: in
                      limit: int = 0) -> list[dict]:
     """Turn raw product dicts (official schema) into the engine's product records (docs/webshop.md §6.1).
 
+    `limit` keeps the first `limit` raw products (0 = all), as WebShop's `num_products` does.
     Returns a list in file order (the search index and ties follow this order). Each record:
     asin, Title, Description, BulletPoints, Price (list), price_text, price (the sampled value the
     reward uses), options {name: [values]}, MainImage, category, query, product_category,
@@ -108,18 +134,14 @@ def process_products(raw_products: list[dict], attributes: dict | None, seed: in
     attributes = attributes or {}
     seen: set[str] = set()
     products: list[dict] = []
-    for raw in raw_products:
+    # WebShop cuts the raw list to `num_products` before skipping bad or repeated ASINs
+    for raw in raw_products[:limit] if limit else raw_products:
         asin = raw.get("asin")
         if not isinstance(asin, str) or asin == "nan" or len(asin) > 10 or asin in seen:
             continue
         seen.add(asin)
         prices = parse_pricing(raw.get("pricing"))
-        if not prices:
-            price = MISSING_PRICE
-        elif len(prices) == 1:
-            price = prices[0]
-        else:
-            price = rng.uniform(prices[0], prices[1])
+        price = sample_price(prices, rng)
         bullets = raw.get("small_description") or []
         if isinstance(bullets, str):
             bullets = [bullets]
@@ -141,8 +163,6 @@ def process_products(raw_products: list[dict], attributes: dict | None, seed: in
             "Attributes": list(entry["attributes"]) if entry is not None else [DUMMY_ATTRIBUTE],
             "Reviews": [],
         })
-        if limit and len(products) >= limit:
-            break
     return products
 
 

@@ -35,7 +35,7 @@ def main():
         for arm in ARMS:
             out = HERE / "runs" / f"{arm}_s{seed}"
             cmd = [sys.executable, "eval.py", "--config", "configs/sanity_empo2.yaml", *ENV, f"--train.seed={seed}",
-                   f"--memory.similarity={arm}", f"--memory_rounds={args.rounds}",
+                   f"--memory.similarity={arm}", f"--ood={args.rounds}",
                    f"--episodes_per_task={args.episodes_per_task}", f"--output={out.relative_to(ROOT)}"]
             commands.append(" ".join(cmd[1:]))
             if not (out / "eval.json").exists():
@@ -45,7 +45,9 @@ def main():
                 with open(out / "log.txt", "w") as log:
                     subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=True)
                 (out / "wall_seconds.json").write_text(json.dumps(round(time.perf_counter() - start, 1)))
-            rows.setdefault(arm, []).append(json.loads((out / "eval.json").read_text())["memory_rounds"])
+            result = json.loads((out / "eval.json").read_text())  # older eval.json files: "memory_rounds"
+            rows.setdefault(arm, []).append(result["memory_rounds"] if "memory_rounds" in result
+                                            else [step["return_mean"] for step in result["ood"]["steps"]])
     lines = ["# Retrieval ablation (sanity env, lab family, untrained SmolLM2-135M, frozen)", "",
              f"Seeds {seeds}; mean return over 8 held-out variations x {args.episodes_per_task} episodes per round "
              "(round 0 = no memory), mean ± std over seeds.", "",
