@@ -141,6 +141,12 @@ class LossConfig:
     lowprob_logp_threshold: float = -5.0  # log delta of the low-probability mask (paper Eq. 2)
     lowprob_mask_modes: list[str] = field(default_factory=lambda: ["off_policy"])  # modes the mask applies to
     advantage_eps: float = 1e-6  # A = (R - mean) / (std + eps)
+    # "grpo" (the paper): one advantage per episode. "gigpo": + GiGPO's step-level credit (per-step samples only:
+    # rollout.history_window >= 0): steps of a group from the same observation, compared by discounted return.
+    advantage: str = "grpo"
+    gigpo_weight: float = 1.0  # weight of the step-level (anchor-state) advantage
+    gigpo_gamma: float = 0.95  # discount of the step returns the anchor states compare
+    gigpo_divide_std: bool = True  # True: GiGPO "w/ std"; False: mean-centred step advantages ("w/o std")
 
 
 @dataclass
@@ -191,10 +197,14 @@ class Config:
             "env.name": (self.env.name, {"scienceworld", "webshop", "sanity"}),
             "model.dtype": (self.model.dtype, {"float32", "bfloat16", "float16"}),
             "rollout.tip_placement": (self.rollout.tip_placement, {"current_turn", "history"}),
+            "loss.advantage": (self.loss.advantage, {"grpo", "gigpo"}),
         }
         for key, (value, allowed) in choices.items():
             if value not in allowed:
                 raise ConfigError(f"{key}={value!r} is not one of {sorted(allowed)}")
+        if self.loss.advantage == "gigpo" and self.rollout.history_window < 0:
+            raise ConfigError("loss.advantage=gigpo gives every step its own advantage, so it needs one sample per "
+                              "step: set rollout.history_window >= 0 (WebShop configs use 2)")
         for mode in self.loss.lowprob_mask_modes:
             if mode not in MODES:
                 raise ConfigError(f"loss.lowprob_mask_modes: unknown mode {mode!r}")

@@ -6,6 +6,10 @@ Paper map (arXiv 2602.23008; the equations are written out in docs/algorithm.md)
                           of one task row), std unbiased as in the reference. R_i already contains the intrinsic
                           reward (coef * sum_t 1/n_t, see memory.py), so novelty really reaches the advantage
                           (in the reference release it is computed and then ignored; docs/decisions.md).
+* `discounted_returns`, `anchor_state_advantages`, `gigpo_advantages` - optional (`loss.advantage: gigpo`), not in
+                          the paper: GiGPO's step-level credit (Feng et al. 2025, the WebShop anchor). Steps of one
+                          group that start from the same observation are compared by their discounted returns,
+                          and that advantage is added, weighted, to the episode's GRPO advantage.
 * `clipped_policy_loss` - Eq. 1 with the reference's clip values: ratio = exp(logp - old_logp), asymmetric clip
                           [1 - 0.2, 1 + 0.3], dual clip c = 10 for negative advantages; Eq. 2's low-probability
                           token mask (drop tokens whose current probability is below delta, log delta = -5) for
@@ -58,6 +62,40 @@ def group_advantages(returns: list[float], group_ids: list, eps: float = 1e-6) -
         for i, value in zip(members, adv.tolist()):
             advantages[i] = value
     return advantages
+
+
+def discounted_returns(rewards: list[float], gamma: float) -> list[float]:
+    """[T] step rewards -> [T] returns from each step on: R_t = sum_{k >= t} gamma^(k - t) r_k."""
+    out, running = [0.0] * len(rewards), 0.0
+    for t in range(len(rewards) - 1, -1, -1):
+        running = rewards[t] + gamma * running
+        out[t] = running
+    return out
+
+
+def anchor_state_advantages(states: list[list[str]], step_returns: list[list[float]], group_ids: list,
+                            eps: float = 1e-6, divide_std: bool = True) -> list[list[float]]:
+    """GiGPO's step-level advantages. states[i][t]: the observation before episode i's action t; step_returns[i][t]:
+    its discounted return. Steps of one GRPO group (same group id) whose observations are identical form an
+    anchor-state group; within it A_t = (R_t - mean) / (std + eps) (divide_std=False: R_t - mean, GiGPO "w/o std").
+    A state seen once, or with equal returns, gets 0 (no baseline / no signal), as in `grpo_advantages`."""
+    anchors: dict = {}
+    for i, (gid, episode_states) in enumerate(zip(group_ids, states)):
+        for t, state in enumerate(episode_states):
+            anchors.setdefault((gid, state), []).append((i, t))
+    out = [[0.0] * len(r) for r in step_returns]
+    for members in anchors.values():
+        returns = torch.tensor([step_returns[i][t] for i, t in members], dtype=torch.float64)
+        values = grpo_advantages(returns, eps) if divide_std else (returns - returns.mean())
+        for (i, t), value in zip(members, values.tolist()):
+            out[i][t] = value
+    return out
+
+
+def gigpo_advantages(episode_advantages: list[float], step_advantages: list[list[float]], weight: float
+                     ) -> list[list[float]]:
+    """GiGPO: every step's advantage = its episode's GRPO advantage + weight x its anchor-state advantage."""
+    return [[a + weight * s for s in steps] for a, steps in zip(episode_advantages, step_advantages)]
 
 
 def action_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -398,13 +398,14 @@ class Sample:
         return self.old_contexts or [(self.old_ids, self.old_mask)]
 
 
-def build_samples(episodes: list[Episode], advantages: list[float], *, off_policy_old_logp: str = "with_tips"
+def build_samples(episodes: list[Episode], advantages: list, *, off_policy_old_logp: str = "with_tips"
                   ) -> list[Sample]:
     """Episodes -> samples: one per episode (packed stream), or one per step (history window, and on-policy
-    episodes played with tips in the current turn only: each step had its own context)."""
+    episodes played with tips in the current turn only: each step had its own context). advantages[i]: episode i's
+    advantage, or one per step (losses.gigpo_advantages; per-step samples only)."""
     samples = []
     for ep, adv in zip(episodes, advantages):
-        off = ep.mode == "off_policy"
+        off, step_adv = ep.mode == "off_policy", adv if isinstance(adv, list) else [adv] * len(ep.steps)
         if ep.layout == "current_turn" and off and any(ep.twin_mask):
             # The update scores the tip-free stream: ONE packed sequence, as cheap as a no-memory episode. Only the
             # behaviour log-probs (no grad, once) need each action's own with-tip step prompt (Table 3 form).
@@ -414,9 +415,10 @@ def build_samples(episodes: list[Episode], advantages: list[float], *, off_polic
                                   old_contexts=old))
             continue
         pieces = [(s.ids + s.action_ids, s.twin_ids + s.action_ids, [0] * len(s.ids) + [1] * len(s.action_ids),
-                   [0] * len(s.twin_ids) + [1] * len(s.action_ids)) for s in ep.steps if s.action_ids] if ep.steps \
-            else [(ep.ids, ep.twin_ids, ep.mask, ep.twin_mask)] if any(ep.mask) else []
-        for ids, twin, mask, twin_mask in pieces:
+                   [0] * len(s.twin_ids) + [1] * len(s.action_ids), a) for s, a in zip(ep.steps, step_adv)
+                  if s.action_ids] if ep.steps else [(ep.ids, ep.twin_ids, ep.mask, ep.twin_mask, float(adv))] \
+            if any(ep.mask) else []
+        for ids, twin, mask, twin_mask, adv in pieces:
             n_actions = sum(mask)
             if off:
                 old_ids, old_mask = (ids, mask) if off_policy_old_logp == "with_tips" else (twin, twin_mask)

@@ -45,7 +45,8 @@ from checkpoint import (CheckpointError, check_resume, find_checkpoint, load_che
 from config import Config, ConfigError, config_help, load_config, split_cli, to_dict
 from envs import make_env_pool
 from eval import evaluate
-from losses import compute_old_logprobs, group_advantages, length_buckets, padded_tokens, samples_loss
+from losses import (anchor_state_advantages, compute_old_logprobs, discounted_returns, gigpo_advantages,
+                    group_advantages, length_buckets, padded_tokens, samples_loss)
 from memory import TipMemory, make_scorer
 from metrics import (EpisodeStats, MetricsLogger, episode_record, merge_rank_metrics, plot_metrics, sample_for_log,
                      write_episodes)
@@ -316,6 +317,13 @@ def train(cfg: Config) -> dict:
             # 4-5. Advantages per group (groups never straddle ranks), samples, old log-probs, the clipped update.
             returns = {id(ep): advantage_return(ep, cfg.intrinsic) for ep in played}
             advantages = group_advantages(list(returns.values()), [ep.group for ep in played], cfg.loss.advantage_eps)
+            if cfg.loss.advantage == "gigpo":  # + step-level credit from anchor states (losses.py)
+                steps = anchor_state_advantages([ep.observations for ep in played],
+                                                [discounted_returns(ep.rewards, cfg.loss.gigpo_gamma) for ep in played],
+                                                [ep.group for ep in played], cfg.loss.advantage_eps,
+                                                cfg.loss.gigpo_divide_std)
+                advantages = gigpo_advantages(advantages, steps, cfg.loss.gigpo_weight)
+                counts["steps_with_anchor_credit"] = float(sum(value != 0.0 for ep_steps in steps for value in ep_steps))
             samples = build_samples(played, advantages, off_policy_old_logp=cfg.loss.off_policy_old_logp)
             with full_weights(model):  # the same compute-dtype weights the update's forwards gather layer by layer
                 old_pad, old_positions = compute_old_logprobs(model, samples, chat.pad_id, accelerator.device,

@@ -4,7 +4,8 @@ import math
 import pytest
 import torch
 
-from losses import action_logprobs, clipped_policy_loss, grpo_advantages, group_advantages
+from losses import (action_logprobs, anchor_state_advantages, clipped_policy_loss, discounted_returns,
+                    gigpo_advantages, grpo_advantages, group_advantages)
 
 
 def loss_of(ratios, advantages, mask=None, old=None, **kw):
@@ -146,3 +147,35 @@ def test_length_buckets_keep_padding_small():
     assert buckets == [[1, 3], [2, 0]]  # sorted by length, every sample exactly once
     assert padded_tokens(lengths, buckets) == (2 + 10, 24 + 200)
     assert length_buckets(lengths, 1) == [[1], [3], [2], [0]] and padded_tokens(lengths, [[1], [3]]) == (0, 22)
+
+
+def test_gigpo_step_advantages_by_hand():
+    """Group 0: three episodes that all start in state A; two of them also reach B. Group 1 also starts in A but
+    is another task row, so it never shares an anchor with group 0. gamma = 0.5."""
+    states = [["A", "B"], ["A", "C"], ["A", "B", "D"], ["A"]]
+    rewards = [[0.0, 1.0], [0.0, 0.0], [0.0, 0.0, 2.0], [1.0]]
+    groups = [0, 0, 0, 1]
+    returns = [discounted_returns(r, 0.5) for r in rewards]
+    assert returns == [[0.5, 1.0], [0.0, 0.0], [0.5, 1.0, 2.0], [1.0]]  # e.g. 0 + 0.5 * 0 + 0.25 * 2 = 0.5
+    steps = anchor_state_advantages(states, returns, groups, eps=0.0)
+    # Anchor A in group 0: returns 0.5, 0, 0.5; mean 1/3, unbiased std sqrt(1/12) = 0.288675.
+    third = (0.5 - 1 / 3) / math.sqrt(1 / 12)  # 0.57735
+    assert steps[0] == pytest.approx([third, 0.0])  # B: returns 1 and 1, equal -> 0
+    assert steps[1] == pytest.approx([-2 * third, 0.0])  # C: seen once -> 0
+    assert steps[2] == pytest.approx([third, 0.0, 0.0]) and steps[3] == [0.0]  # D once; group 1's A alone
+    centred = anchor_state_advantages(states, returns, groups, divide_std=False)
+    assert centred[0][0] == pytest.approx(1 / 6) and centred[1][0] == pytest.approx(-1 / 3)
+    # Episode-level GRPO: returns 1, 0, 2 -> mean 1, std 1 -> 0, -1, 1; group 1 alone -> 0. Weight 0.5.
+    episode = group_advantages([1.0, 0.0, 2.0, 1.0], groups, eps=0.0)
+    assert episode == pytest.approx([0.0, -1.0, 1.0, 0.0])
+    combined = gigpo_advantages(episode, steps, weight=0.5)
+    assert combined[0] == pytest.approx([0.5 * third, 0.0]) and combined[1] == pytest.approx([-1 - third, -1.0])
+    assert combined[2] == pytest.approx([1 + 0.5 * third, 1.0, 1.0]) and combined[3] == pytest.approx([0.0])
+
+
+def test_gigpo_needs_per_step_samples():
+    from config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="history_window"):
+        load_config(None, ["--loss.advantage=gigpo", "--rollout.history_window=-1"])
+    assert load_config(None, ["--loss.advantage=gigpo", "--rollout.history_window=2"]).loss.advantage == "gigpo"

@@ -160,6 +160,10 @@ def test_history_window_mode_one_sample_per_step(policy, rooms_env):
     assert chat.decode(ep.steps[1].twin_ids).count("Observation:") == 1
     samples = build_samples(eps, [1.0, 1.0])
     assert len(samples) == 6 and samples[0].ids[-len(ep.steps[0].action_ids):] == ep.steps[0].action_ids
+    # Per-step advantages (loss.advantage=gigpo): each step's sample carries its own on every action token.
+    stepwise = build_samples(eps, [[0.5, -1.0, 2.0], [0.0, 0.0, 0.0]])
+    assert [set(s.advantages) for s in stepwise[:3]] == [{0.5}, {-1.0}, {2.0}]
+    assert [len(s.advantages) for s in stepwise[:3]] == [len(step.action_ids) for step in ep.steps]
 
 
 @pytest.mark.slow
