@@ -6,7 +6,8 @@
 
 Modules: catalogue (official file formats, download helper), generator (offline catalogue),
 goals, search (BM25), reward, engine (pages/observations/actions), world (shared cached data),
-env (the Env interface + prompt), app (Flask site), agents (scripted/random agents, latency).
+env (the Env interface + prompt), app (Flask site), agents (scripted/random agents, latency),
+noun_agreement (the heuristic noun extractor measured against spaCy).
 """
 from .config import WebShopConfig
 from .env import WebShopEnv

@@ -1,6 +1,7 @@
 """Scripted and random WebShop agents and a step-latency benchmark.
 
     python -m envs.webshop.agents [--split test] [--goals 500] [--data-dir DIR] [--seed 0]
+                                  [--noun-extractor auto|heuristic|spacy]
 
 Prints score (100 x mean task reward) and success rate (% of episodes with reward 1.0) of:
   * the scripted agent: reads only the instruction and the observations. It searches the
@@ -9,8 +10,9 @@ Prints score (100 x mean task reward) and success rate (% of episodes with rewar
     search rank), opens the best one, goes back to the next one if the item lacks one of the
     goal's option values (at most 4 items), clicks the option values named in the instruction
     ("with name: value, and ..."), buys;
-  * the random agent: searches the instruction, then clicks uniformly among the admissible actions
-    until it buys or hits the step cap;
+  * the random agent: searches the instruction, then clicks uniformly among the admissible clicks
+    (click[search], listed but never legal, left out; on the search page it searches again) until
+    it buys or hits the step cap;
 and the median latency of `env.step` for search and for click steps (docs/webshop.md §9;
 target < 5 ms for 1000 products). The numbers describe the configured catalogue (by default the
 generated offline one), not the published WebShop setting.
@@ -95,7 +97,8 @@ def random_episode(env: WebShopEnv, task, rng: random.Random) -> dict:
     base, _, _ = parse_instruction(env.engine.instruction)
     _, _, done, info = env.step(wrap(f"search[{base}]"))
     while not done:
-        clicks = [a for a in info["admissible_actions"] if a.startswith("click[")]
+        # click[search] is listed (as in verl-agent) but never legal: a random clicker skips it
+        clicks = [a for a in info["admissible_actions"] if a.startswith("click[") and a != "click[search]"]
         action = rng.choice(clicks) if clicks else f"search[{base}]"
         _, _, done, info = env.step(wrap(action))
     return info
@@ -138,12 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--catalogue-seed", type=int, default=0)
     parser.add_argument("--num-products", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0, help="random agent seed")
+    parser.add_argument("--noun-extractor", default="auto", choices=("auto", "heuristic", "spacy"))
     args = parser.parse_args(argv)
     start = time.perf_counter()
     env = WebShopEnv(WebShopConfig(data_dir=args.data_dir, catalogue_seed=args.catalogue_seed,
-                                   num_products=args.num_products))
+                                   num_products=args.num_products, noun_extractor=args.noun_extractor))
     print(f"world: {env.world.source}, {len(env.world.products)} products, {len(env.world.goals)} goals, "
-          f"built in {time.perf_counter() - start:.2f} s")
+          f"nouns: {env.world.noun_extractor}, built in {time.perf_counter() - start:.2f} s")
     tasks = env.tasks(args.split)
     tasks = tasks[:args.goals] if args.goals else tasks
     for agent in ("scripted", "random"):

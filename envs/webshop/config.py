@@ -27,14 +27,17 @@ class WebShopConfig:
     require_think: bool = True  # a missing <think>...</think> block makes the output malformed
     max_steps: int = 15  # env steps per episode (verl-agent / EMPO²); then truncated, score 0
     search_from_any_page: bool = True  # original WebShop executes search[...] on every page
-    noun_extractor: str = "heuristic"  # heuristic | spacy (type reward; spacy needs a model)
+    # Nouns for the type reward: auto = spaCy (as WebShop) when spaCy and an English model are
+    # installed, else the dependency-free heuristic; spacy = require spaCy; heuristic = never spaCy.
+    # Scores are comparable only under the same extractor (the world records the one used).
+    noun_extractor: str = "auto"
     max_prompt_chars: int = 13000  # longer history prompts fall back to the no-history template
 
     def validate(self) -> None:
         choices = {
             "goal_source": (self.goal_source, ("synthetic", "human")),
             "reward_mode": (self.reward_mode, ("score", "success")),
-            "noun_extractor": (self.noun_extractor, ("heuristic", "spacy")),
+            "noun_extractor": (self.noun_extractor, ("auto", "heuristic", "spacy")),
         }
         for key, (value, allowed) in choices.items():
             if value not in allowed:

@@ -12,7 +12,8 @@ Maps to docs/webshop.md:
 
 Choices: `search[...]` is executed from every page (as the original text env does) unless
 `search_from_any_page=False`; the admissible-action list offers it only on the search page, like
-WebShop. Item pages of out-of-range result pages (`next >` past the last hit) are empty, as in
+WebShop, and lists every clickable in page order (`click[search]` included, as verl-agent does).
+Item pages of out-of-range result pages (`next >` past the last hit) are empty, as in
 WebShop. The "done" page wording is ours (WebShop shows an MTurk summary); it states the score.
 The engine reward is the task reward in [0, 1]; env.py maps it to the training reward.
 """
@@ -92,26 +93,28 @@ class WebShopEngine:
         if self.page == SEARCH:
             return {"has_search_bar": True, "clickables": ["search"]}
         if self.page == RESULTS:
-            clickables = [BACK, NEXT] + ([PREV] if self.page_num > 1 else [])
+            # page order, as the original collects them: Back to Search, < Prev (page > 1), Next >
+            clickables = [BACK] + ([PREV] if self.page_num > 1 else []) + [NEXT]
             clickables += [p["asin"].lower() for p in self.page_results()]
-            return {"has_search_bar": False, "clickables": clickables}
+            return {"has_search_bar": False, "clickables": list(dict.fromkeys(clickables))}
         if self.page == ITEM:
             values = [v for group in self.product["options"].values() for v in group]
-            return {"has_search_bar": False, "clickables": [BACK, PREV, *SUB_PAGES, BUY] + values}
+            # the original keys clickables by text: a repeated value is listed once
+            return {"has_search_bar": False, "clickables": list(dict.fromkeys([BACK, PREV, *SUB_PAGES, BUY, *values]))}
         if self.page == SUB:
             return {"has_search_bar": False, "clickables": [BACK, PREV]}
         return {"has_search_bar": False, "clickables": []}
 
     def admissible_actions(self) -> list[str]:
-        """The action strings offered to an agent (click[search] is never legal, so not offered)."""
+        """The action strings offered to an agent, as verl-agent lists them.
+
+        `search[<your query>]` when the page has a search bar, then `click[x]` for every clickable,
+        including `click[search]` on the search page although the engine rejects that click (the
+        paper's baselines show it too).
+        """
         available = self.available_actions()
         actions = ["search[<your query>]"] if available["has_search_bar"] else []
-        seen = set()
-        for target in available["clickables"]:
-            if target != "search" and target not in seen:
-                seen.add(target)
-                actions.append(f"click[{target}]")
-        return actions
+        return actions + [f"click[{target}]" for target in available["clickables"]]
 
     def step(self, action: str) -> tuple[str, float, bool, dict]:
         """Execute one action string; an illegal one changes nothing (reward 0)."""
@@ -159,10 +162,10 @@ class WebShopEngine:
                 self.reward, self.reward_info = get_reward(self.product, self.goal, self.options, self.world.nouns)
                 self.page = DONE
             else:
-                for name, values in self.product["options"].items():
-                    if target in values:
-                        self.options[name] = target
-                        break
+                # a value offered by several groups sets the last of them: the original's
+                # text -> clickable map keeps the last radio button with that text
+                groups = [name for name, values in self.product["options"].items() if target in values]
+                self.options[groups[-1]] = target
         elif self.page == SUB and target == PREV:
             self.page, self.sub_page = ITEM, ""
         return True

@@ -21,7 +21,11 @@ Maps to docs/webshop.md §7 (verl-agent / EMPO² setup; the EMPO² paper's WebSh
     `reset` returns the step-0 rendering; `step` returns the new observation + admissible actions
     as one message (for append-only use; no step counter, so equal states give equal text).
   * observation shown to the model: the [SEP] text with everything up to and including the
-    instruction removed and each segment wrapped in single quotes (verl-agent style).
+    instruction removed and each segment wrapped in single quotes (verl-agent style); in the
+    history each past observation is quoted once more and the action is lower-cased, as
+    verl-agent's WebshopEnvironmentManager writes "[Observation n: '<obs>', Action n: '<act>']".
+  * admissible actions: "search[<your query>]" with a search bar, then "click[x]" for every
+    clickable in page order, click[search] included (verl-agent's format_avail_actions).
 """
 from __future__ import annotations
 
@@ -123,7 +127,8 @@ class WebShopEnv(Env):
         if parsed is not None:
             legal = self.engine.step(parsed)[3]["legal"]
         self.steps += 1
-        self.history.append((shown, parsed if parsed is not None else "(no valid action)"))
+        # the history shows the action as executed: lower-cased, like verl-agent's projection
+        self.history.append((shown, parsed.lower() if parsed is not None else "(no valid action)"))
         reward = 0.0
         if self.engine.done:
             task_reward = self.engine.reward
@@ -144,8 +149,9 @@ class WebShopEnv(Env):
         if k <= 0:
             return short
         start = len(self.history) - k
+        # verl-agent quotes each past observation (whose segments are already quoted) and action
         history = "\n".join(
-            f"[Observation {start + i + 1}: {obs}, Action {start + i + 1}: '{act}']"
+            f"[Observation {start + i + 1}: '{obs}', Action {start + i + 1}: '{act}']"
             for i, (obs, act) in enumerate(self.history[start:])
         )
         full = (head

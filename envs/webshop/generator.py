@@ -11,7 +11,8 @@ query, a breadcrumb, title nouns, an attribute vocabulary (adjective-like, "with
 "for ..." phrases, in WebShop's style) and option groups. The file is read and validated on first
 use (`parse_product_types`; a broken file raises `ProductTypeError` naming the product type and
 field). Every product gets a brand, 3-6 attributes (some in the title, all somewhere in the text),
-bullet points, a description, 0-2 option groups, a single / ranged / missing price, and ~40 % of
+bullet points, a description, 0-2 option groups, a single / ranged ("$a$b", the real file's
+format) / missing price, and ~40 % of
 products get a synthetic "Find me ..." instruction over 2-4 of their attributes (WebShop's real
 ratio is 415/1000). Many products share a type, so search, attributes, options, prices and the
 type factor all decide the reward.
@@ -235,8 +236,8 @@ def _price(rng: random.Random, low: float, high: float) -> str:
     value = round(rng.uniform(low, high), 2)
     if roll < 0.02:
         return ""
-    if roll < 0.27:
-        return f"${value:,.2f} - ${round(value * rng.uniform(1.1, 1.6), 2):,.2f}"
+    if roll < 0.27:  # a range, written as the scraped file writes it: "$19.99$27.99"
+        return f"${value:,.2f}${round(value * rng.uniform(1.1, 1.6), 2):,.2f}"
     return f"${value:,.2f}"
 
 

@@ -1,23 +1,25 @@
 """Goals (instructions): WebShop's synthetic recipe and the human-goal mode.
 
-Maps to docs/webshop.md §4:
+Maps to docs/webshop.md §4 (WebShop's `engine/goal.py`: get_synthetic_goals, get_human_goals):
   * synthetic goals: for each product (catalogue order) with an `instruction` in items_ins_v2,
-    every combination of its option values (option names sorted) is one goal:
-    instruction + " with name1: v1, and name2: v2" + price clause; attributes =
-    instruction_attributes; goal_options = {name: value}.
-  * human goals: from items_human_ins.json, one goal per labelled instruction with a non-empty
-    instruction_attributes; instruction.strip('.') + price clause; goal_options = the list
-    instruction_options.
+    one price clause is drawn, then every combination of its option values (option names sorted)
+    is one goal: instruction + " with name1: v1, and name2: v2" + the product's price clause;
+    attributes = instruction_attributes; goal_options = {name: value}. Option values keep their
+    duplicates (duplicate goals) and an empty option group yields no goal for the product, as in
+    the original; a product without options yields one goal without the " with ..." part.
+  * human goals: products in catalogue order; for each, its labelled instructions from
+    items_human_ins.json in file order, skipping those with an empty instruction_attributes;
+    instruction.strip('.') + price clause (one draw per instruction); goal_options = the list
+    instruction_options; weight 1.
   * price clause: from [10, 20, ..., 990] take the first 4 values above the product's price,
     pick 2 at random, use the larger: ", and price lower than X.00 dollars"; with fewer than 2
     values no clause and price_upper = 1e6.
-  * weight = mean over the goal attributes of 1 / (number of goals using that attribute).
+  * synthetic weight = mean over the goal attributes of 1 / (number of goals using that attribute).
   * order: shuffled with random.seed(233) (`random.Random(233).shuffle` draws the same
     permutation); goal i = goals[i]; test = goals[:500], train = goals[500:].
 
-Deviations: the price-clause draws use a dedicated `random.Random(seed)` (the original used the
-unseeded global RNG, so its clauses differ per run); a product without options yields one goal
-with no " with ..." part; human goals whose product is not in the catalogue are skipped.
+Deviation: the price-clause draws use a dedicated `random.Random(seed)` (the original used the
+unseeded global RNG, so its clauses differ per run; goal order and count do not depend on them).
 """
 from __future__ import annotations
 
@@ -65,10 +67,11 @@ def build_synthetic_goals(products: list[dict], attributes: dict, seed: int = 23
         instruction = entry.get("instruction")
         if not instruction:
             continue
+        # one clause per product, drawn before the combinations (even when there are none)
+        text, upper = price_clause(product["price"], rng)
         names = sorted(product["options"])
         for combo in itertools.product(*(product["options"][name] for name in names)):
             chosen = dict(zip(names, combo, strict=True))
-            text, upper = price_clause(product["price"], rng)
             option_text = ", and ".join(f"{name}: {value}" for name, value in chosen.items())
             goal = _base_goal(product)
             goal.update({
@@ -84,15 +87,15 @@ def build_synthetic_goals(products: list[dict], attributes: dict, seed: int = 23
 
 
 def build_human_goals(products: list[dict], human: dict, seed: int = 233, price_seed: int = 233) -> list[dict]:
-    """Goals from items_human_ins.json (asin -> list of labelled instructions), shuffled with `seed`."""
+    """Goals from items_human_ins.json (asin -> list of labelled instructions), shuffled with `seed`.
+
+    Products are visited in catalogue order (WebShop iterates its product list), so the goal order
+    before the shuffle, and hence goal i, does not depend on the order of the human file.
+    """
     rng = random.Random(price_seed)
-    by_asin = {product["asin"]: product for product in products}
     goals = []
-    for asin, entries in human.items():
-        product = by_asin.get(asin)
-        if product is None:
-            continue
-        for entry in entries:
+    for product in products:
+        for entry in human.get(product["asin"]) or []:
             if not entry.get("instruction_attributes"):
                 continue
             text, upper = price_clause(product["price"], rng)
@@ -102,9 +105,9 @@ def build_human_goals(products: list[dict], human: dict, seed: int = 233, price_
                 "attributes": list(entry["instruction_attributes"]),
                 "goal_options": list(entry.get("instruction_options") or []),
                 "price_upper": upper,
+                "weight": 1.0,  # WebShop gives every human goal weight 1
             })
             goals.append(goal)
-    _add_weights(goals)
     random.Random(seed).shuffle(goals)
     return goals
 

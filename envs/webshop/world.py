@@ -19,7 +19,7 @@ from typing import Callable
 
 from . import catalogue, generator, goals as goal_builder
 from .config import WebShopConfig
-from .reward import get_noun_extractor
+from .reward import get_noun_extractor, resolve_noun_extractor
 from .search import BM25Index
 
 
@@ -31,6 +31,7 @@ class World:
     source: str  # "generated" | "official" | "hybrid"
     nouns: Callable[[str], tuple[str, ...]]
     by_asin: dict[str, dict] = field(default_factory=dict)
+    noun_extractor: str = "heuristic"  # the extractor actually used ("auto" resolved)
 
 
 _CACHE: dict[tuple, World] = {}
@@ -91,7 +92,7 @@ def build_world(cfg: WebShopConfig) -> World:
 
 
 def world_from_products(products: list[dict], attributes: dict, human: dict | None = None,
-                        shuffle_seed: int = 233, source: str = "custom", noun_extractor: str = "heuristic") -> World:
+                        shuffle_seed: int = 233, source: str = "custom", noun_extractor: str = "auto") -> World:
     """A world from processed products (catalogue.process_products); human goals if `human` is given."""
     if human is not None:
         goals = goal_builder.build_human_goals(products, human, shuffle_seed)
@@ -106,4 +107,5 @@ def world_from_products(products: list[dict], attributes: dict, human: dict | No
         source=source,
         nouns=get_noun_extractor(noun_extractor),
         by_asin={p["asin"]: p for p in products},
+        noun_extractor=resolve_noun_extractor(noun_extractor),
     )

@@ -34,7 +34,7 @@ def raw_product(asin, **overrides):
 def test_parse_and_format_price():
     assert catalogue.parse_pricing("$12.99") == [12.99]
     assert catalogue.parse_pricing("$1,299.00 - $1,499.50") == [1299.0, 1499.5]
-    assert catalogue.parse_pricing("") == [] and catalogue.parse_pricing(None) == []
+    assert catalogue.parse_pricing("") == [100.0] and catalogue.parse_pricing(None) == [100.0]  # missing
     assert catalogue.format_price([9.0]) == "$9.0"
     assert catalogue.format_price([19.99, 24.99]) == "$19.99 to $24.99"
     assert catalogue.format_price([]) == "$100.0"
@@ -54,14 +54,16 @@ def test_process_products_rules():
     first, ranged, unpriced = products
     assert first["Title"] == "Widget B000000001" and first["Attributes"] == ["usb 3.0"]
     assert first["MainImage"] == "http://img/1.jpg" and first["BulletPoints"] == ["a bullet"]
-    assert ranged["options"] == {"color": ["black | white", "red"]}  # "/" -> " | ", empty groups dropped
+    assert ranged["options"] == {"color": ["black | white", "red"], "size": []}  # "/" -> " | ", null groups dropped
     assert 5.0 <= ranged["price"] <= 7.0 and ranged["price_text"] == "$5.0 to $7.0"
     assert ranged["Attributes"] == [] and unpriced["Attributes"] == [catalogue.DUMMY_ATTRIBUTE]
     assert unpriced["price"] == 100.0 and unpriced["price_text"] == "$100.0"
     assert unpriced["query"] == "mixed case query"
     again = catalogue.process_products(raw, attributes, seed=0)
     assert again[1]["price"] == ranged["price"]  # one fixed, seeded price per load
-    assert len(catalogue.process_products(raw, attributes, limit=2)) == 2
+    # limit cuts the raw list before bad/repeated ASINs are skipped (WebShop's num_products)
+    assert [p["asin"] for p in catalogue.process_products(raw, attributes, limit=4)] == ["B000000001"]
+    assert len(catalogue.process_products(raw, attributes, limit=5)) == 2
 
 
 # ----------------------------------------------------------------------------- goals (docs/webshop.md §4)
@@ -150,7 +152,7 @@ def test_generator_is_deterministic_and_in_official_schema():
     required = {"asin", "name", "full_description", "small_description", "pricing", "product_category", "category",
                 "query", "customization_options", "images"}
     assert all(required <= set(p) for p in raw_a)
-    pricing = collections.Counter("range" if " - " in p["pricing"] else "none" if not p["pricing"] else "single"
+    pricing = collections.Counter("range" if p["pricing"].count("$") == 2 else "none" if not p["pricing"] else "single"
                                   for p in raw_a)
     assert pricing["range"] > 10 and pricing["single"] > 100
     instructed = [a for a in attrs_a.values() if "instruction" in a]

@@ -72,7 +72,7 @@ def test_search_page(engine):
     assert engine.page == SEARCH
     assert engine.observation() == f"WebShop [SEP] Instruction: [SEP] {instr} [SEP] Search"
     assert engine.available_actions() == {"has_search_bar": True, "clickables": ["search"]}
-    assert engine.admissible_actions() == ["search[<your query>]"]
+    assert engine.admissible_actions() == ["search[<your query>]", "click[search]"]  # listed, never legal
 
 
 def test_results_page_golden_and_paging(engine):

@@ -44,7 +44,8 @@ def test_reset_prompt_is_the_papers_template(env):
     instruction = env.world.goals[3]["instruction_text"]
     assert prompt.startswith("You are an expert autonomous agent operating in the WebShop e-commerce environment. "
                              f"Your task is to: {instruction}. Your current observation is: 'Search'. ")
-    assert "Your admissible actions of the current situation are: [\n'search[<your query>]',\n]." in prompt
+    assert ("Your admissible actions of the current situation are: [\n'search[<your query>]',\n'click[search]',\n]."
+            in prompt)
     assert prompt.endswith("present it within <action></action> tags.")
     assert prompt == env.window_prompt(2) == env.window_prompt(0)
 
@@ -158,7 +159,7 @@ def test_step_message_is_state_only(env):
         messages.append(env.step(act("click[back to search]"))[0])
     assert messages[0] == messages[1] == (
         "Your current observation is: 'Search'. Your admissible actions of the current situation are: "
-        "[\n'search[<your query>]',\n].")
+        "[\n'search[<your query>]',\n'click[search]',\n].")
 
 
 HOSTILE = ["", "\n\n  ", "<think>" + "x " * 10_000 + "</think><action>search[shoes]</action>",
