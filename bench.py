@@ -34,7 +34,8 @@ from generation import left_pad
 from losses import compute_old_logprobs, group_advantages, length_buckets, padded_tokens, samples_loss
 from memory import TipMemory, make_scorer
 from models import load_policy
-from rollout import ChatStream, build_samples, per_step_samples, run_episodes, write_tips
+from rollout import ChatStream, run_episodes, write_tips
+from samples import build_samples, per_step_samples
 
 
 class ForwardCounter:
@@ -118,17 +119,17 @@ def timed_generate(model, chat, contexts, new_tokens, temperature):
 
 
 def update_time(model, samples, pad_id, loss_cfg) -> tuple[float, float]:
-    """Forward + backward of every sample (one per forward): (seconds, token-weighted mean of the losses)."""
-    start, total, tokens = time.perf_counter(), 0.0, 0
+    """Forward + backward of every sample (one per forward) as ONE mini-batch: (seconds, its loss: each step's token
+    mean averaged over all steps, the same for packed and per-step samples)."""
+    start, total, units = time.perf_counter(), 0.0, sum(s.units for s in samples)
     model.train()
     for sample in samples:
-        loss, _ = samples_loss(model, [sample], pad_id, "cpu", loss_cfg, "none")
+        loss, _ = samples_loss(model, [sample], pad_id, "cpu", loss_cfg, "none", units)
         loss.backward()
-        total += loss.item() * len(sample.advantages)
-        tokens += len(sample.advantages)
+        total += loss.item()
     model.zero_grad(set_to_none=True)
     model.eval()
-    return time.perf_counter() - start, total / max(tokens, 1)
+    return time.perf_counter() - start, total
 
 
 def matmul_ceiling(dtype) -> float:
@@ -244,7 +245,7 @@ def iteration_parts(model, chat, envs, tasks, cfg, long_cfg) -> None:
     step_wall, step_loss = update_time(model, per_step, chat.pad_id, cfg.loss)
     print(f"(c) update (forward + backward): packed episodes ({len(packed)} samples) {packed_wall:.1f} s, one "
           f"sample per step ({len(per_step)} samples) {step_wall:.1f} s -> {step_wall / packed_wall:.2f}x; "
-          f"token-weighted loss {packed_loss:.6f} vs {step_loss:.6f} (equal: {abs(packed_loss - step_loss) < 1e-4})")
+          f"step-weighted loss {packed_loss:.6f} vs {step_loss:.6f} (equal: {abs(packed_loss - step_loss) < 1e-4})")
     lengths = [len(s.ids) for s in per_step]
     size = max(cfg.train.micro_batch_size, 4)
     arrival = [list(range(i, min(i + size, len(lengths)))) for i in range(0, len(lengths), size)]

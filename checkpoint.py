@@ -2,7 +2,7 @@
 
 A checkpoint is a folder `output_dir/checkpoints/iter_XXXXXX/` with
     model/              the LoRA adapter (or the full weights, gathered from the shards under FSDP) and the tokenizer
-    optimizer.pt        AdamW state (under FSDP: gathered in full, keyed by parameter name)
+    optimizer.pt        AdamW state (under FSDP: gathered in full to rank 0, keyed by parameter name)
     memory.json         the tip memory and novelty counts (when memory or the intrinsic reward is on)
     state.json          {"iteration": i, "world_size": n}
     config.json         the run's config (check_resume refuses a resume that changes more than its length/logging)
@@ -11,6 +11,15 @@ A checkpoint is a folder `output_dir/checkpoints/iter_XXXXXX/` with
     rng_rank{r}.pt      Python / NumPy / torch (/ CUDA) generator states of every rank
 It is written to a temporary folder and renamed into place, so a crash leaves a complete checkpoint or none.
 The newest `keep` checkpoints are kept.
+
+On resume no rank reads the whole optimizer state into host RAM (7B AdamW: 61 GB, x8 ranks = 490 GB), see
+load_optimizer: optimizer.pt is memory-mapped (`torch.load(mmap=True)`: its tensors are pages of the file in the
+page cache, read when touched, shared by the processes of a node, dropped under memory pressure). Under FSDP the
+file holds full tensors, so only rank 0 maps it and `set_optimizer_state_dict(broadcast_from_rank0=True)` sends
+the tensors one at a time, every rank keeping its shard (peak per rank: its shards plus one full tensor). Under
+data parallel every rank needs all of it (a replica): each maps the file and the optimizer moves the tensors to the
+parameters' device; what would stay on the CPU is copied out of the mapping, so no live state is a view of a file
+that a later checkpoint deletes.
 """
 from __future__ import annotations
 
@@ -170,13 +179,7 @@ def check_resume(folder: Path, config: dict, world_size: int) -> None:
 def load_checkpoint(folder: Path, model, optimizer, memory, accelerator) -> int:
     """Restore weights, optimizer, memory and this rank's generators; returns the checkpoint's iteration."""
     load_trainable(model, str(folder / "model"))
-    if is_sharded(model):  # every rank reads the full state and keeps its shards
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-        set_optimizer_state_dict(model, optimizer, torch.load(folder / "optimizer.pt", weights_only=False),
-                                 options=StateDictOptions(full_state_dict=True))
-    else:
-        optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location=accelerator.device))
+    load_optimizer(folder / "optimizer.pt", model, optimizer, accelerator)
     if memory is not None and (folder / "memory.json").is_file():
         memory.load(str(folder / "memory.json"))
     rng_file = folder / f"rng_rank{accelerator.process_index}.pt"
@@ -188,6 +191,45 @@ def load_checkpoint(folder: Path, model, optimizer, memory, accelerator) -> int:
         if "cuda" in state and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda"])
     return json.loads((folder / "state.json").read_text())["iteration"]
+
+
+def load_optimizer(file: Path, model, optimizer, accelerator) -> None:
+    """Restore the optimizer state written by save_checkpoint without any rank holding all of it in host RAM.
+
+    FSDP: optimizer.pt holds full tensors keyed by parameter name (gather_states). Rank 0 memory-maps it, the other
+    ranks read nothing; set_optimizer_state_dict(broadcast_from_rank0=True) broadcasts one tensor at a time (over
+    the accelerator's process group: NCCL on GPUs, gloo on CPU) and every rank copies its shard out of it. A rank
+    holds its shards plus one full tensor at a time; rank 0's mapped pages are page cache, not its own memory.
+    Data parallel: every rank needs the whole state. Each maps the file; load_state_dict moves the tensors to the
+    parameters' device (as an uninterrupted run holds them: moments with the parameters, `step` on the CPU)."""
+    sharded = is_sharded(model)
+    state = {}
+    if accelerator.is_main_process or not sharded:
+        state = torch.load(file, map_location="cpu", mmap=True, weights_only=True)
+    if sharded:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        tuples = [{k for k, v in group.items() if isinstance(v, tuple)} for group in optimizer.param_groups]
+        set_optimizer_state_dict(model, optimizer, state,
+                                 options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        for group, keys in zip(optimizer.param_groups, tuples):  # its flattening turns AdamW's betas into a list
+            group.update({k: tuple(group[k]) for k in keys if isinstance(group.get(k), list)})
+    else:
+        optimizer.load_state_dict(state)
+    del state  # the file stays mapped only while a tensor views it
+    _own_cpu_state(optimizer)
+
+
+def _own_cpu_state(optimizer) -> None:
+    """Copy the optimizer's plain CPU tensors out of the file mapping they may still view (FSDP: rank 0's `step`
+    scalars; data parallel on CPU: everything). The mapping is private (copy-on-write), yet a page not yet
+    written still shows the file: the live state must not depend on a file that rotation deletes or a copy rewrites."""
+    from torch.distributed.tensor import DTensor
+
+    for values in optimizer.state.values():
+        for key, value in values.items():
+            if isinstance(value, torch.Tensor) and not isinstance(value, DTensor) and value.device.type == "cpu":
+                values[key] = value.clone()
 
 
 def write_rank_fingerprints(out_dir: Path, model, memory, accelerator) -> None:

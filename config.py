@@ -43,6 +43,7 @@ RENAMED = {
     "memory.p_memory_on_policy": "memory.p_on_policy_tips",
     "memory.p_memory_off_policy": "memory.p_off_policy",
     "env.history_window": "rollout.history_window",
+    "train.minibatches": "train.minibatch_steps (environment steps per optimiser step over all processes, e.g. 128)",
 }
 
 
@@ -121,10 +122,17 @@ class MemoryConfig:
 
 @dataclass
 class IntrinsicConfig:
-    coef: float = 1.0  # novelty bonus weight in the advantage's return (paper ablation: x0.5, x2); 0 = off
-    # How an episode's per-step bonuses 1/n_t enter its return: "mean" (coef * mean_t, at most coef) or "sum"
-    # (coef * sum_t, up to coef x steps: 30 points on ScienceWorld's +-100 scale; docs/decisions.md).
-    aggregate: str = "mean"
+    # The novelty bonus B_i = sum_t 1/n_t (n_t: visits of the state step t reached; a new state pays 1) and its
+    # weight (docs/algorithm.md "Novelty bonus"; paper ablation x0.5 / x2 = this coef x0.5 / x2; 0 = off).
+    # combine "advantage": A_i = A_score,i + coef * (B_i - group mean of B): coef = advantage units per new state
+    # beyond the group's average, while a real score difference is worth about +-1; ties on the score go to the
+    # explorer, noise-sized bonus differences stay noise-sized. combine "return": R_i = score + coef * B_i,
+    # normalised together (the bonus then decides every tie at full size, whatever its size).
+    coef: float = 0.1
+    combine: str = "advantage"  # advantage | return
+    # "sum" over steps (more new states => more bonus) or "mean" (novelty density: favours short failures in rare
+    # states over episodes that explored more).
+    aggregate: str = "sum"
     memory_modes_only: bool = False  # True = reference behaviour (bonus only in memory rollouts)
 
 
@@ -141,12 +149,19 @@ class LossConfig:
     lowprob_logp_threshold: float = -5.0  # log delta of the low-probability mask (paper Eq. 2)
     lowprob_mask_modes: list[str] = field(default_factory=lambda: ["off_policy"])  # modes the mask applies to
     advantage_eps: float = 1e-6  # A = (R - mean) / (std + eps)
+    # Token weights of the objective (losses.loss_weights; docs/algorithm.md): "step" = the reference's: each step's
+    # action tokens averaged, steps averaged over the global mini-batch, whatever the packing; "episode" = every
+    # episode weighs 1 whatever its length; "token" = every action token weighs 1.
+    aggregation: str = "step"
     # "grpo" (the paper): one advantage per episode. "gigpo": + GiGPO's step-level credit (per-step samples only:
     # rollout.history_window >= 0): steps of a group from the same observation, compared by discounted return.
     advantage: str = "grpo"
     gigpo_weight: float = 1.0  # weight of the step-level (anchor-state) advantage
     gigpo_gamma: float = 0.95  # discount of the step returns the anchor states compare
     gigpo_divide_std: bool = True  # True: GiGPO "w/ std"; False: "w/o std", episode and step advantages R - mean
+    # GiGPO's episode-level statistics: "step" = mean/std over every step row of the group (verl-agent's default
+    # compute_mean_std_cross_steps: longer episodes weigh more); "episode" = one score per episode (GiGPO Eq. 3).
+    gigpo_episode_stats: str = "step"
 
 
 @dataclass
@@ -156,7 +171,11 @@ class TrainConfig:
     weight_decay: float = 0.01  # AdamW weight decay
     max_grad_norm: float = 1.0  # gradient norm clipping
     epochs: int = 1  # passes over an iteration's samples
-    minibatches: int = 4  # optimiser steps per epoch (each process splits its samples into this many)
+    # What one optimiser step holds: about this many environment steps (action samples) over all processes. An
+    # epoch is cut into max(1, round(steps / minibatch_steps)) mini-batches of whole samples, balanced by their step
+    # counts (a packed episode stays in one). Reference: 16 x 8 = 128 step samples per step (verl's
+    # ppo_mini_batch_size x rollout.n).
+    minibatch_steps: int = 128
     micro_batch_size: int = 1  # sequences per forward/backward
     eval_every: int = 20  # 0 = never
     eval_tasks: int = 0  # 0 = all test tasks; n = the first n
@@ -194,10 +213,13 @@ class Config:
             "loss.lowprob_mask": (self.loss.lowprob_mask, {"token", "sequence", "none"}),
             "memory.similarity": (self.memory.similarity, {"none", "jaccard", "embedding"}),
             "intrinsic.aggregate": (self.intrinsic.aggregate, {"mean", "sum"}),
+            "intrinsic.combine": (self.intrinsic.combine, {"advantage", "return"}),
             "env.name": (self.env.name, {"scienceworld", "webshop", "sanity"}),
             "model.dtype": (self.model.dtype, {"float32", "bfloat16", "float16"}),
             "rollout.tip_placement": (self.rollout.tip_placement, {"current_turn", "history"}),
             "loss.advantage": (self.loss.advantage, {"grpo", "gigpo"}),
+            "loss.aggregation": (self.loss.aggregation, {"step", "episode", "token"}),
+            "loss.gigpo_episode_stats": (self.loss.gigpo_episode_stats, {"step", "episode"}),
         }
         for key, (value, allowed) in choices.items():
             if value not in allowed:
@@ -212,7 +234,7 @@ class Config:
             "rollout.tasks_per_iteration": self.rollout.tasks_per_iteration,
             "rollout.group_size": self.rollout.group_size,
             "rollout.max_action_tokens": self.rollout.max_action_tokens,
-            "train.minibatches": self.train.minibatches,
+            "train.minibatch_steps": self.train.minibatch_steps,
             "train.micro_batch_size": self.train.micro_batch_size,
             "train.epochs": self.train.epochs,
             "memory.capacity": self.memory.capacity,
@@ -288,7 +310,7 @@ def _apply(obj, values: dict, prefix: str = "") -> None:
         key = f"{prefix}{name}"
         if name not in names:
             if key in RENAMED:
-                raise ConfigError(f"config key {key!r} was renamed to {RENAMED[key]!r}")
+                raise ConfigError(f"config key {key!r} was replaced by {RENAMED[key]}")
             raise ConfigError(f"unknown config key {key!r}; valid keys here: {sorted(names)}")
         current = getattr(obj, name)
         if dataclasses.is_dataclass(current):

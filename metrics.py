@@ -32,13 +32,14 @@ class EpisodeStats:
     truncated: str
     tips_retrieved: list[int]
     intrinsic: list[float]
-    intrinsic_return: float = 0.0  # the novelty part of the return the advantage used
+    intrinsic_return: float = 0.0  # what the novelty bonus was worth (coef x B_i)
+    corrected: int = 0  # actions the environment had to correct or penalised (not executable as written)
 
     @classmethod
     def of(cls, ep, intrinsic_return: float = 0.0) -> "EpisodeStats":
         """ep: a rollout.Episode; intrinsic_return: rollout.intrinsic_return(ep, cfg.intrinsic)."""
         return cls(ep.extrinsic_return, ep.success, ep.num_actions, ep.truncated, list(ep.tips_retrieved),
-                   list(ep.intrinsic), intrinsic_return)
+                   list(ep.intrinsic), intrinsic_return, sum(ep.corrected))
 
 
 def episode_metrics(episodes: list[EpisodeStats], memory=None) -> dict:
@@ -56,6 +57,8 @@ def episode_metrics(episodes: list[EpisodeStats], memory=None) -> dict:
         out[f"truncated_{reason}"] = sum(ep.truncated == reason for ep in episodes) / n
     steps = [k for ep in episodes for k in ep.tips_retrieved]
     out["tips_retrieved"] = float(np.mean(steps)) if steps else 0.0
+    actions = sum(ep.num_actions for ep in episodes)
+    out["action_corrected_rate"] = sum(ep.corrected for ep in episodes) / actions if actions else 0.0
     bonus = [b for ep in episodes for b in ep.intrinsic]
     out["intrinsic_mean"] = float(np.mean(bonus)) if bonus else 0.0  # per step
     out["intrinsic_return_mean"] = float(np.mean([ep.intrinsic_return for ep in episodes])) if episodes else 0.0
@@ -65,7 +68,7 @@ def episode_metrics(episodes: list[EpisodeStats], memory=None) -> dict:
 
 
 # Update statistics that are counts (summed over ranks) and ones that are equal on all ranks or maxima.
-SUMMED_KEYS = ("samples", "action_tokens")
+SUMMED_KEYS = ("samples", "train_steps", "action_tokens", "loss")  # loss: each rank holds its part of the mean
 MAX_KEYS = ("ratio_max", "optimizer_steps", "skipped_updates")  # optimiser steps are global: equal on all ranks
 
 
@@ -150,7 +153,7 @@ def episode_record(ep, ret: float | None = None) -> dict:
             "return": ep.extrinsic_return if ret is None else ret, "extrinsic_return": ep.extrinsic_return,
             "success": ep.success, "truncated": ep.truncated, "observations": ep.observations,
             "tips_shown": ep.tips_shown, "actions": ep.actions, "rewards": ep.rewards, "intrinsic": ep.intrinsic,
-            "final_observation": ep.final_observation, "tip": ep.tip}
+            "corrected": ep.corrected, "final_observation": ep.final_observation, "tip": ep.tip}
 
 
 def sample_for_log(records: list[dict], cap: int, seed: int) -> list[dict]:

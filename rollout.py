@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from config import MODES, ConfigError, IntrinsicConfig, MemoryConfig, RolloutConfig
 from envs.base import Env, Task
 from generation import ChatStream, PrefixCache, generate, prefill, supports_kv_reuse
+from losses import action_runs, loss_weights
 from memory import TipEntry, TipMemory, tip_block
 from runtime import derive_seed
 
@@ -78,7 +79,9 @@ class Episode:
     # "current_turn": tips only in the current turn (rollout.tip_placement=current_turn, memory modes): the packed
     # stream is tip-free and every step also keeps its own prompt = that stream + the turn with its tips.
     layout: str = "packed"
-    ids: list[int] = field(default_factory=list)  # full-history stream, with tips (what the model saw)
+    # The full-history stream: what the model saw ("packed"), or its tip-free version ("current_turn": each step's
+    # with-tip context is in `steps`); empty in the "window" layout.
+    ids: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)  # 1 on generated action tokens
     twin_ids: list[int] = field(default_factory=list)  # the same stream without tip blocks
     twin_mask: list[int] = field(default_factory=list)
@@ -87,6 +90,9 @@ class Episode:
     actions: list[str] = field(default_factory=list)  # raw model outputs
     rewards: list[float] = field(default_factory=list)  # what the environment paid, per step
     intrinsic: list[float] = field(default_factory=list)  # novelty bonus 1/n per step (0 when not counted)
+    anchors: list[str] = field(default_factory=list)  # GiGPO anchor before each action: env.anchor_state() or the obs
+    penalties: list[float] = field(default_factory=list)  # invalid-action penalty per step (info["penalty"]; in rewards)
+    corrected: list[bool] = field(default_factory=list)  # the env had to correct the action, or penalised it
     tips_retrieved: list[int] = field(default_factory=list)
     tips_shown: list[str] = field(default_factory=list)  # the tip block of each step's prompt ('' = none)
     final_observation: str = ""
@@ -134,17 +140,23 @@ class Episode:
         return len(self.actions)
 
 
-def intrinsic_return(ep: Episode, intrinsic: IntrinsicConfig) -> float:
-    """The novelty part of R_i: coef * mean (or sum) over steps of the bonuses 1/n_t."""
-    if not ep.intrinsic or intrinsic.coef == 0:
+def novelty_bonus(ep: Episode, intrinsic: IntrinsicConfig) -> float:
+    """B_i: the sum (or, intrinsic.aggregate=mean, the mean) over the episode's steps of the bonuses 1/n_t."""
+    if not ep.intrinsic:
         return 0.0
     total = float(sum(ep.intrinsic))
-    return intrinsic.coef * (total / len(ep.intrinsic) if intrinsic.aggregate == "mean" else total)
+    return total / len(ep.intrinsic) if intrinsic.aggregate == "mean" else total
+
+
+def intrinsic_return(ep: Episode, intrinsic: IntrinsicConfig) -> float:
+    """What the novelty bonus is worth: coef * B_i (added to the return or, centred, to the advantage)."""
+    return intrinsic.coef * novelty_bonus(ep, intrinsic) if intrinsic.coef else 0.0
 
 
 def advantage_return(ep: Episode, intrinsic: IntrinsicConfig) -> float:
-    """R_i of the GRPO advantage: the extrinsic return + the novelty part (paper §4.2)."""
-    return ep.extrinsic_return + intrinsic_return(ep, intrinsic)
+    """R_i the group normalises: the extrinsic return, + coef * B_i with intrinsic.combine=return (paper §4.2's
+    reading "reward + bonus"); with combine=advantage the bonus enters after normalisation (losses.novelty_advantages)."""
+    return ep.extrinsic_return + (intrinsic_return(ep, intrinsic) if intrinsic.combine == "return" else 0.0)
 
 
 def generate_actions(model, chat: ChatStream, contexts: list[list[int]], caches=None, **kwargs) -> list[list[int]]:
@@ -157,15 +169,16 @@ def row_seeds(episodes: list[Episode], *parts) -> list[int] | None:
     return None if any(ep.seed is None for ep in episodes) else [derive_seed(ep.seed, *parts) for ep in episodes]
 
 
-def full_history_turn(chat: ChatStream, ep: Episode, observation: str, block: str):
-    """(prompt delta, tip-free delta, model context) for the next turn of an append-only episode. With the
-    "current_turn" layout `ep.ids` is tip-free, so the context holds only this turn's tips."""
+def full_history_turn(chat: ChatStream, ep: Episode, observation: str, block: str, reminder: str = ""):
+    """(prompt delta, tip-free delta, model context) for the next turn of an append-only episode: a later user turn
+    is observation + tip block + `reminder` (Env.turn_reminder; the first message holds the whole instruction).
+    With the "current_turn" layout `ep.ids` is tip-free, so the context holds only this turn's tips."""
     if not ep.ids:
         delta, twin_delta = chat.first_turn(observation + block), chat.first_turn(observation)
     else:
         closing = chat.close_action(ep.last_action_ids)
-        delta = closing + chat.next_turn(observation + block)
-        twin_delta = closing + chat.next_turn(observation)
+        delta = closing + chat.next_turn(observation + block + reminder)
+        twin_delta = closing + chat.next_turn(observation + reminder)
     return delta, twin_delta, ep.ids + delta
 
 
@@ -173,15 +186,17 @@ class ContextBudgetError(ConfigError):
     """A task's first message leaves no room for its episode within rollout.max_prompt_tokens."""
 
 
-def check_first_turn(task: Task, first: int, step_limit: int, cfg: RolloutConfig) -> None:
+def check_first_turn(task: Task, first: int, step_limit: int, cfg: RolloutConfig, reminder: int = 0) -> None:
     """Stop before playing when the tip-free first message (`first` tokens) + step_limit actions of
-    max_action_tokens cannot fit: such a run would otherwise produce near-empty "context"-truncated episodes and
-    learn from nothing."""
-    need = first + max(1, step_limit) * cfg.max_action_tokens
+    max_action_tokens, each followed by the per-turn reminder (`reminder` tokens), cannot fit: such a run would
+    otherwise produce near-empty "context"-truncated episodes and learn from nothing."""
+    steps = max(1, step_limit)
+    need = first + steps * cfg.max_action_tokens + (steps - 1) * reminder
     if need > cfg.max_prompt_tokens:
         raise ContextBudgetError(
-            f"task {task.key}: the first message is {first} tokens; with {max(1, step_limit)} actions of up to "
-            f"{cfg.max_action_tokens} tokens an episode needs at least {need} > rollout.max_prompt_tokens="
+            f"task {task.key}: the first message is {first} tokens; with {steps} actions of up to "
+            f"{cfg.max_action_tokens} tokens (and a {reminder}-token reminder per later turn) an episode needs at "
+            f"least {need} > rollout.max_prompt_tokens="
             f"{cfg.max_prompt_tokens}. Raise rollout.max_prompt_tokens (the model's context allows it?) or shorten "
             f"the first message (e.g. fewer demos)")
 
@@ -190,15 +205,17 @@ def check_prompt_budget(chat: ChatStream, env: Env, tasks: list[Task], cfg: Roll
     """check_first_turn for every task a run will play, before the first iteration (one reset each)."""
     if cfg.history_window >= 0:  # a window prompt does not grow with the episode
         return
+    reminder = len(chat.encode(env.turn_reminder()))
     for task in dict.fromkeys(tasks):
-        check_first_turn(task, len(chat.first_turn(env.reset(task))), env.step_limit(task), cfg)
+        check_first_turn(task, len(chat.first_turn(env.reset(task))), env.step_limit(task), cfg, reminder)
 
 
-def window_turn(chat: ChatStream, env: Env, window: int, block: str):
-    """(prompt, tip-free prompt, model context) of a history-window step: a fresh one-turn conversation."""
+def window_turn(chat: ChatStream, env: Env, window: int, block: str, reminder: str = ""):
+    """(prompt, tip-free prompt, model context) of a history-window step: a fresh one-turn conversation, its tips
+    and then the reminder last (the reference's order)."""
     text = env.window_prompt(window)
-    delta = chat.first_turn(text + block)
-    return delta, chat.first_turn(text), delta
+    delta = chat.first_turn(text + block + reminder)
+    return delta, chat.first_turn(text + reminder), delta
 
 
 def kv_reuse_enabled(model, cfg: RolloutConfig) -> bool:
@@ -266,12 +283,14 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
                 continue
             retrieved = memory.retrieve(ep.task.key, observations[i]) if use_tips else []
             block = chat.plain(tip_block(retrieved))  # tips are model-written: no special tokens in a prompt
+            reminder = envs[i].turn_reminder() if step > 0 else ""
             if windowed:
-                delta, twin_delta, context = window_turn(chat, envs[i], cfg.history_window, block)
+                delta, twin_delta, context = window_turn(chat, envs[i], cfg.history_window, block, reminder)
             else:
-                delta, twin_delta, context = full_history_turn(chat, ep, observations[i], block)
+                delta, twin_delta, context = full_history_turn(chat, ep, observations[i], block, reminder)
                 if step == 0:  # the tip-free first message: stop before playing an episode that cannot fit
-                    check_first_turn(ep.task, len(twin_delta), envs[i].step_limit(ep.task), cfg)
+                    check_first_turn(ep.task, len(twin_delta), envs[i].step_limit(ep.task), cfg,
+                                     len(chat.encode(envs[i].turn_reminder())))
             if len(context) + cfg.max_action_tokens > cfg.max_prompt_tokens:
                 ep.done, ep.truncated, ep.final_observation = True, "context", observations[i]
                 continue
@@ -279,6 +298,7 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
             ep.tips_retrieved.append(len(retrieved))
             ep.tips_shown.append(block)
             ep.observations.append(observations[i])
+            ep.anchors.append(envs[i].anchor_state() or observations[i])
             live.append(i)
             contexts.append(context)
         if not live:
@@ -306,6 +326,8 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
         for i, (obs, reward, done, info) in zip(live, results):
             ep = episodes[i]
             ep.rewards.append(float(reward))
+            ep.penalties.append(float(info.get("penalty", 0.0)))
+            ep.corrected.append(bool(info.get("corrected") or info.get("penalty")))
             reached[i].append(None if info.get("env_error") else obs)
             ep.success, ep.score = bool(info.get("success", False)), info.get("score", ep.score)
             observations[i] = obs
@@ -392,39 +414,91 @@ class Sample:
     # Behaviour log-probs from several contexts instead of old_ids: [(ids, mask)] in action order (an off-policy
     # "current_turn" episode: one tip-free sequence to train on, but each action was played in its own step prompt).
     old_contexts: list[tuple[list[int], list[int]]] = field(default_factory=list)
+    # One loss weight per action token (losses.loss_weights; build_samples sets them for loss.aggregation). A sample
+    # built without them weighs each of its steps 1.
+    weights: list[float] = field(default_factory=list)
+
+    def __post_init__(self):
+        if not self.weights:
+            self.weights = loss_weights(self.mask, "step")
 
     def old_sequences(self) -> list[tuple[list[int], list[int]]]:
         return self.old_contexts or [(self.old_ids, self.old_mask)]
 
+    @property
+    def steps(self) -> int:
+        """Environment steps (actions) this sample trains on."""
+        return len(action_runs(self.mask))
 
-def build_samples(episodes: list[Episode], advantages: list, *, off_policy_old_logp: str = "with_tips"
-                  ) -> list[Sample]:
+    @property
+    def units(self) -> float:
+        """Its share of a mini-batch's normaliser: the sum of its weights (steps under "step" aggregation)."""
+        return float(sum(self.weights))
+
+
+def build_samples(episodes: list[Episode], advantages: list, *, off_policy_old_logp: str = "with_tips",
+                  aggregation: str = "step") -> list[Sample]:
     """Episodes -> samples: one per episode (packed stream), or one per step (history window, and on-policy
     episodes played with tips in the current turn only: each step had its own context). advantages[i]: episode i's
-    advantage, or one per step (losses.gigpo_advantages; per-step samples only)."""
+    advantage, or one per step (losses.gigpo_step_advantages; per-step samples only). Every action token gets its loss
+    weight for `aggregation` (losses.loss_weights), so the layout never changes what a step weighs."""
     samples = []
     for ep, adv in zip(episodes, advantages):
-        off, step_adv = ep.mode == "off_policy", adv if isinstance(adv, list) else [adv] * len(ep.steps)
-        if ep.layout == "current_turn" and off and any(ep.twin_mask):
-            # The update scores the tip-free stream: ONE packed sequence, as cheap as a no-memory episode. Only the
-            # behaviour log-probs (no grad, once) need each action's own with-tip step prompt (Table 3 form).
-            old = [(s.ids + s.action_ids, [0] * len(s.ids) + [1] * len(s.action_ids)) for s in ep.steps
-                   if s.action_ids] if off_policy_old_logp == "with_tips" else []
-            samples.append(Sample(ep.twin_ids, ep.twin_mask, ep.twin_ids, ep.twin_mask, [adv] * sum(ep.twin_mask),
-                                  old_contexts=old))
-            continue
-        pieces = [(s.ids + s.action_ids, s.twin_ids + s.action_ids, [0] * len(s.ids) + [1] * len(s.action_ids),
-                   [0] * len(s.twin_ids) + [1] * len(s.action_ids), a) for s, a in zip(ep.steps, step_adv)
-                  if s.action_ids] if ep.steps else [(ep.ids, ep.twin_ids, ep.mask, ep.twin_mask, float(adv))] \
-            if any(ep.mask) else []
-        for ids, twin, mask, twin_mask, adv in pieces:
-            n_actions = sum(mask)
-            if off:
-                old_ids, old_mask = (ids, mask) if off_policy_old_logp == "with_tips" else (twin, twin_mask)
-                samples.append(Sample(twin, twin_mask, old_ids, old_mask, [adv] * n_actions))
-            else:
-                samples.append(Sample(ids, mask, ids, mask, [adv] * n_actions))
+        start = len(samples)
+        add_episode_samples(samples, ep, adv, off_policy_old_logp)
+        episode_tokens = sum(len(s.advantages) for s in samples[start:])
+        for s in samples[start:]:
+            s.weights = loss_weights(s.mask, aggregation, episode_tokens)
     return samples
+
+
+def add_episode_samples(samples: list[Sample], ep: Episode, adv, off_policy_old_logp: str) -> None:
+    """Append the training samples of one episode; adv: its advantage, or one per step (GiGPO, per-step layouts)."""
+    off = ep.mode == "off_policy"
+    if ep.layout == "current_turn" and off:
+        if any(ep.twin_mask):
+            samples.append(current_turn_off_policy_sample(ep, adv, off_policy_old_logp))
+    elif ep.steps:  # history window, or current-turn tips learned on-policy
+        step_adv = adv if isinstance(adv, list) else [adv] * len(ep.steps)
+        samples += [step_sample(step, a, off, off_policy_old_logp) for step, a in zip(ep.steps, step_adv)
+                    if step.action_ids]
+    elif any(ep.mask):
+        samples.append(packed_sample(ep, float(adv), off, off_policy_old_logp))
+
+
+def packed_sample(ep: Episode, adv: float, off: bool, off_policy_old_logp: str) -> Sample:
+    """A full-history episode as ONE sequence (no tips, or tips kept where retrieved: tip_placement=history).
+    On-policy: pi(a_t | s_t, u) or pi(a_t | s_t, u, tips) on the stream the model saw, old log-probs there too.
+    Off-policy: the numerator pi(a_t | s_t, u) on the tip-free twin; the denominator on the stream with tips
+    (Table 3, "with_tips") or on the twin (Algorithm 1, "without_tips")."""
+    n = sum(ep.mask)
+    if not off:
+        return Sample(ep.ids, ep.mask, ep.ids, ep.mask, [adv] * n)
+    old_ids, old_mask = (ep.ids, ep.mask) if off_policy_old_logp == "with_tips" else (ep.twin_ids, ep.twin_mask)
+    return Sample(ep.twin_ids, ep.twin_mask, old_ids, old_mask, [adv] * n)
+
+
+def step_sample(step: StepPrompt, adv: float, off: bool, off_policy_old_logp: str) -> Sample:
+    """One step's own prompt + its action (a history window, or current-turn tips learned on-policy: every step
+    was played in a context of its own). On-policy: pi(a_t | s_t, u, tips_t) where tips were shown. Off-policy
+    (window layout): numerator pi(a_t | s_t, u) on the tip-free prompt, denominator as in `packed_sample`."""
+    ids, twin = step.ids + step.action_ids, step.twin_ids + step.action_ids
+    mask = [0] * len(step.ids) + [1] * len(step.action_ids)
+    twin_mask = [0] * len(step.twin_ids) + [1] * len(step.action_ids)
+    advantages = [adv] * len(step.action_ids)
+    if not off:
+        return Sample(ids, mask, ids, mask, advantages)
+    old_ids, old_mask = (ids, mask) if off_policy_old_logp == "with_tips" else (twin, twin_mask)
+    return Sample(twin, twin_mask, old_ids, old_mask, advantages)
+
+
+def current_turn_off_policy_sample(ep: Episode, adv: float, off_policy_old_logp: str) -> Sample:
+    """Off-policy with tips in the current turn only: the update scores pi(a_t | s_t, u) on the tip-free stream,
+    ONE packed sequence, as cheap as a no-memory episode. Only the behaviour log-probs (no grad, once) need each
+    action's own with-tip step prompt pi_old(a_t | s_t, u, tips_t) (Table 3); Algorithm 1 scores the stream itself."""
+    old = [(s.ids + s.action_ids, [0] * len(s.ids) + [1] * len(s.action_ids)) for s in ep.steps
+           if s.action_ids] if off_policy_old_logp == "with_tips" else []
+    return Sample(ep.twin_ids, ep.twin_mask, ep.twin_ids, ep.twin_mask, [adv] * sum(ep.twin_mask), old_contexts=old)
 
 
 def per_step_samples(sample: Sample) -> list[Sample]:

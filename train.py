@@ -9,10 +9,13 @@ One iteration (paper Algorithm 1; docs/algorithm.md):
  1. draw the mode once (identical on all ranks: seeded by seed and iteration);
  2. pick B task rows (seeded), shard them over ranks, roll out N episodes per row in lockstep (rollout.py);
  3. the policy writes a tip per episode; all ranks exchange the new tips so memory stays identical (memory.py);
- 4. GRPO advantages per row-group of N episodes (returns include the novelty bonus), samples (one per episode with
-    full history, one per step with a history window), old log-probs computed once;
- 5. `train.epochs` passes of shuffled mini-batches: clipped objective (losses.py), gradient all-reduce, clipping,
-    AdamW. A non-finite loss or gradient norm on any rank skips that optimiser step on every rank (logged).
+ 4. GRPO advantages per row-group of N episodes (or GiGPO's per step), + the novelty bonus centred in the group
+    (intrinsic.combine); samples (rollout.build_samples): one per episode with full history (tip-free for
+    off-policy), one per step with a history window or with current-turn tips learned on-policy; every action token
+    weighted per step (loss.aggregation); old log-probs computed once;
+ 5. `train.epochs` passes of shuffled mini-batches of ~`train.minibatch_steps` environment steps: clipped objective
+    (losses.py), normalised over the global mini-batch, gradient all-reduce, clipping, AdamW. A non-finite loss or
+    gradient norm on any rank skips that optimiser step on every rank (logged).
 The GRPO baseline is this loop with `memory.enabled: false`. `python train.py --help` lists every config key.
 
 Multi-process design (runtime.py checks the launch options first). Data parallel (LoRA, or a full fine-tune that
@@ -45,15 +48,16 @@ from checkpoint import (CheckpointError, check_resume, find_checkpoint, load_che
 from config import Config, ConfigError, config_help, load_config, split_cli, to_dict
 from envs import make_env_pool
 from eval import evaluate
-from losses import (anchor_state_advantages, compute_old_logprobs, discounted_returns, gigpo_advantages,
-                    group_advantages, length_buckets, padded_tokens, samples_loss)
+from losses import (compute_old_logprobs, gigpo_step_advantages, group_advantages, length_buckets, novelty_advantages,
+                    padded_tokens, samples_loss)
 from memory import TipMemory, make_scorer
 from metrics import (EpisodeStats, MetricsLogger, episode_record, merge_rank_metrics, plot_metrics, sample_for_log,
                      write_episodes)
 from models import ModelLoadError, load_policy
-from rollout import (ChatStream, Sample, advantage_return, build_samples, check_prompt_budget, draw_mode,
-                     intrinsic_return, run_episodes, write_tips)
+from rollout import (ChatStream, advantage_return, check_prompt_budget, draw_mode, intrinsic_return, novelty_bonus,
+                     run_episodes, write_tips)
 from runtime import check_launch, derive_seed, full_weights, gather_objects, make_accelerator, shard_model
+from samples import Sample, build_samples, split_by_steps
 
 
 # ----------------------------------------------------------------------------- the update
@@ -61,51 +65,54 @@ from runtime import check_launch, derive_seed, full_weights, gather_objects, mak
 
 def update(model, optimizer, samples, cfg: Config, accelerator, mode: str, pad_id: int, rng: random.Random,
            sharded: bool = False) -> dict:
-    """`train.epochs` passes of `train.minibatches` optimiser steps over this rank's samples.
+    """`train.epochs` passes of shuffled mini-batches of about `train.minibatch_steps` environment steps each.
 
-    Mini-batch k is the union of every rank's k-th chunk; its gradient is the mean over all its samples, whichever
-    rank holds them (ranks hold different numbers: episodes truncate differently, windowed episodes have one sample
-    per step). Each rank weights its micro-batch losses by len(micro) / (samples in the global mini-batch), so a
-    SUM over ranks gives that mean: `all_reduce_gradients` sums for data parallel; FSDP's reduce-scatter averages,
-    hence the extra factor world. Under FSDP every forward/backward is a collective, so every rank runs as many
-    micro-batches as the busiest one, padding with zero-weight micro-batches (`padding_sample`)."""
+    Every action token carries a loss weight (`Sample.weights`, loss.aggregation) and a mini-batch's loss is
+    sum(w * l) / sum(w) over the whole mini-batch on ALL ranks (`Sample.units` summed): with the default "step"
+    weights, the mean over the mini-batch's steps of each step's token mean, whichever rank holds a sample and
+    however episodes are packed. Mini-batch k is the union of every rank's k-th chunk; every rank cuts its shuffled
+    samples into the same number of chunks, balanced by step counts. Each micro-batch's loss is already its share of
+    the mini-batch loss, so a SUM over ranks gives it: `all_reduce_gradients` sums for data parallel; FSDP's
+    reduce-scatter averages, hence the extra factor world. Under FSDP every forward/backward is a collective, so
+    every rank runs as many micro-batches as the busiest one, padding with zero-weight micro-batches
+    (`padding_sample`)."""
     params = [p for p in model.parameters() if p.requires_grad]
     lowprob = cfg.loss.lowprob_mask if mode in cfg.loss.lowprob_mask_modes else "none"
     world = accelerator.num_processes
     sums: dict[str, float] = {}
-    weight, ratio_max, steps, skipped, grad_norms = 0.0, 0.0, 0, 0, []
+    weight, ratio_max, steps, skipped, grad_norms, loss_sum = 0.0, 0.0, 0, 0, [], 0.0
     pad, positions, padding_passes = 0, 0, 0
+    count = minibatch_count([s.steps for s in samples], cfg.train.minibatch_steps, accelerator)
     model.train()
     for _ in range(cfg.train.epochs):
         order = list(range(len(samples)))
         rng.shuffle(order)
-        for chunk in np.array_split(np.array(order, dtype=int), cfg.train.minibatches):
+        for chunk in split_by_steps(order, [s.steps for s in samples], count):
             chunk = [samples[i] for i in chunk]
             lengths = [len(s.ids) for s in chunk]
             # The random split decides the step; the length order (buckets) only the padding within it.
             buckets = length_buckets(lengths, cfg.train.micro_batch_size)
-            total, passes = minibatch_shape(len(chunk), len(buckets), accelerator, sharded)
-            if total == 0:  # no rank has a sample for this mini-batch: nothing to learn, no step
+            units, passes = minibatch_shape(sum(s.units for s in chunk), len(buckets), accelerator, sharded)
+            if units <= 0:  # no rank has a sample with weight for this mini-batch: nothing to learn, no step
                 continue
             n_pad, n_all = padded_tokens(lengths, buckets)
             pad, positions = pad + n_pad, positions + n_all
             optimizer.zero_grad(set_to_none=False)
-            finite = True
+            finite, minibatch_loss = True, 0.0
             for k in range(passes):
                 real = k < len(buckets)
                 micro = [chunk[i] for i in buckets[k]] if real else [padding_sample(pad_id)]
-                loss, metrics = samples_loss(model, micro, pad_id, accelerator.device, cfg.loss, lowprob)
-                share = len(micro) / total if real else 0.0
+                loss, metrics = samples_loss(model, micro, pad_id, accelerator.device, cfg.loss, lowprob, units)
                 # A non-finite loss still goes through backward (FSDP's collectives must stay matched); the step is
                 # skipped on every rank below.
-                (loss * (share * world if sharded else share)).backward()
+                (loss * world if sharded else loss).backward()
                 padding_passes += not real
                 finite = finite and bool(torch.isfinite(loss))
                 if not real or not torch.isfinite(loss):
                     continue
-                for key, value in metrics.items():
-                    sums[key] = sums.get(key, 0.0) + value * len(micro)
-                sums["loss"] = sums.get("loss", 0.0) + loss.item() * len(micro)
+                for key, value in metrics.items():  # means weighted by samples; the token count summed
+                    sums[key] = sums.get(key, 0.0) + value * (1 if key == "action_tokens" else len(micro))
+                minibatch_loss += loss.item()
                 ratio_max = max(ratio_max, metrics["ratio_max"])
                 weight += len(micro)
             if not sharded:
@@ -119,22 +126,33 @@ def update(model, optimizer, samples, cfg: Config, accelerator, mode: str, pad_i
                 continue
             optimizer.step()
             steps += 1
+            loss_sum += minibatch_loss
             grad_norms.append(grad_norm.item())
     out = {key: value / max(weight, 1.0) for key, value in sums.items()}
-    out.update(ratio_max=ratio_max, optimizer_steps=float(steps), skipped_updates=float(skipped),
-               grad_norm=float(np.mean(grad_norms)) if grad_norms else 0.0, samples=float(len(samples)),
+    # This rank's part of the mean mini-batch loss: the ranks' parts add up to it (metrics.SUMMED_KEYS).
+    out.update(loss=loss_sum / max(steps, 1), ratio_max=ratio_max, optimizer_steps=float(steps),
+               skipped_updates=float(skipped), grad_norm=float(np.mean(grad_norms)) if grad_norms else 0.0,
+               samples=float(len(samples)), train_steps=float(sum(s.steps for s in samples)),
                action_tokens=sums.get("action_tokens", 0.0), padding_frac=pad / max(positions, 1),
                padding_passes=float(padding_passes))
     return out
 
 
-def minibatch_shape(n_local: int, n_micro: int, accelerator, sharded: bool) -> tuple[int, int]:
-    """(samples in the global mini-batch, forward/backward passes this rank runs): its own micro-batches, or under
-    FSDP the largest number any rank has. One small all-gather per mini-batch."""
+def minibatch_count(steps: list[int], minibatch_steps: int, accelerator) -> int:
+    """Mini-batches per epoch: max(1, round(all ranks' steps / minibatch_steps)), the same on every rank."""
+    total = float(sum(steps))
+    if accelerator.num_processes > 1:
+        total = accelerator.reduce(torch.tensor([total], device=accelerator.device), reduction="sum").item()
+    return max(1, round(total / minibatch_steps))
+
+
+def minibatch_shape(units: float, n_micro: int, accelerator, sharded: bool) -> tuple[float, int]:
+    """(the global mini-batch's units = its loss normaliser, forward/backward passes this rank runs): its own
+    micro-batches, or under FSDP the largest number any rank has. One small all-gather per mini-batch."""
     if accelerator.num_processes == 1:
-        return n_local, n_micro
-    counts = accelerator.gather(torch.tensor([[n_local, n_micro]], device=accelerator.device)).reshape(-1, 2)
-    return int(counts[:, 0].sum().item()), int(counts[:, 1].max().item()) if sharded else n_micro
+        return units, n_micro
+    shape = accelerator.gather(torch.tensor([[units, float(n_micro)]], device=accelerator.device)).reshape(-1, 2)
+    return float(shape[:, 0].sum().item()), int(shape[:, 1].max().item()) if sharded else n_micro
 
 
 def all_ranks(flag: bool, accelerator) -> bool:
@@ -148,7 +166,7 @@ def all_ranks(flag: bool, accelerator) -> bool:
 def padding_sample(pad_id: int) -> Sample:
     """A 2-token sample with one action token and advantage 0: the cheapest forward/backward FSDP can match."""
     return Sample(ids=[pad_id, pad_id], mask=[0, 1], old_ids=[pad_id, pad_id], old_mask=[0, 1], advantages=[0.0],
-                  old_logp=[0.0])
+                  old_logp=[0.0], weights=[0.0])
 
 
 def all_reduce_gradients(params, accelerator, bucket_elements: int = 1 << 26) -> None:
@@ -316,17 +334,23 @@ def train(cfg: Config) -> dict:
 
             # 4-5. Advantages per group (groups never straddle ranks), samples, old log-probs, the clipped update.
             returns = {id(ep): advantage_return(ep, cfg.intrinsic) for ep in played}
-            # GiGPO "w/o std" centres the episode level too (verl-agent's mean_norm); GRPO always divides.
-            divide_std = cfg.loss.gigpo_divide_std or cfg.loss.advantage != "gigpo"
-            advantages = group_advantages(list(returns.values()), [ep.group for ep in played], cfg.loss.advantage_eps,
-                                          divide_std)
-            if cfg.loss.advantage == "gigpo":  # + step-level credit from anchor states (losses.py)
-                steps = anchor_state_advantages([ep.observations for ep in played],
-                                                [discounted_returns(ep.rewards, cfg.loss.gigpo_gamma) for ep in played],
-                                                [ep.group for ep in played], cfg.loss.advantage_eps, divide_std)
-                advantages = gigpo_advantages(advantages, steps, cfg.loss.gigpo_weight)
-                counts["steps_with_anchor_credit"] = float(sum(value != 0.0 for ep_steps in steps for value in ep_steps))
-            samples = build_samples(played, advantages, off_policy_old_logp=cfg.loss.off_policy_old_logp)
+            groups = [ep.group for ep in played]
+            if cfg.loss.advantage == "gigpo":  # GiGPO as verl-agent computes it: one advantage per step (losses.py)
+                joint = cfg.intrinsic.combine == "return"
+                advantages, credited = gigpo_step_advantages(
+                    [[r + p for r, p in zip(ep.rewards, ep.penalties)] for ep in played],
+                    [ep.penalties for ep in played], [ep.anchors for ep in played], groups,
+                    gamma=cfg.loss.gigpo_gamma, weight=cfg.loss.gigpo_weight, divide_std=cfg.loss.gigpo_divide_std,
+                    episode_stats=cfg.loss.gigpo_episode_stats, eps=cfg.loss.advantage_eps,
+                    episode_bonus=[intrinsic_return(ep, cfg.intrinsic) if joint else 0.0 for ep in played])
+                counts["steps_with_anchor_credit"] = float(credited)
+            else:
+                advantages = group_advantages(list(returns.values()), groups, cfg.loss.advantage_eps)
+            if cfg.intrinsic.combine == "advantage" and cfg.intrinsic.coef:  # + coef x centred novelty (losses.py)
+                advantages = novelty_advantages(advantages, [novelty_bonus(ep, cfg.intrinsic) for ep in played], groups,
+                                                cfg.intrinsic.coef)
+            samples = build_samples(played, advantages, off_policy_old_logp=cfg.loss.off_policy_old_logp,
+                                    aggregation=cfg.loss.aggregation)
             with full_weights(model):  # the same compute-dtype weights the update's forwards gather layer by layer
                 old_pad, old_positions = compute_old_logprobs(model, samples, chat.pad_id, accelerator.device,
                                                               cfg.train.micro_batch_size)
@@ -393,7 +417,10 @@ Every config key, with its default (a config file or --key=value overrides it):
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--help" in argv or "-h" in argv:
-        print(USAGE + config_help())
+        try:
+            print(USAGE + config_help(), flush=True)
+        except BrokenPipeError:  # `train.py --help | head`: the reader left; exit quietly
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at interpreter exit
         return
     try:
         cfg = load_config(*split_cli(argv))

@@ -6,6 +6,11 @@ It is deliberately tiny so the rollout loop (rollout.py) stays environment-agnos
     env.reset(task)         -> str                 the first user message (task instruction + first observation)
     env.step(action)        -> (observation, reward, done, info)
     env.window_prompt(k)    -> str                 one self-contained user message for history-window mode
+    env.anchor_state()      -> str                 optional: the current observation without task-specific text
+                                                   (GiGPO's anchor state; "" = use the observation as is)
+    env.turn_reminder()     -> str                 optional: text the rollout appends to every user turn after
+                                                   the first, after its tips ("" = none): the answer instruction
+                                                   next to the generation point, as the reference keeps it
     env.close()
 
 `info` always carries these keys (rollout.py relies on them):
@@ -16,6 +21,12 @@ It is deliberately tiny so the rollout loop (rollout.py) stays environment-agnos
     env_error  str    "" normally; a message when the environment process crashed (the env has
                       restarted itself; the episode is ended and marked, the run goes on)
     action     str    the action actually executed (after action correction, if enabled)
+
+Optional keys (absent means 0 / not applicable):
+
+    penalty    float  the invalid-action penalty applied at this step (already subtracted from the returned
+                      reward; WebShop: `invalid_action_penalty` for a malformed output, else 0.0). GiGPO adds it
+                      back to separate it: verl-agent charges it to that step's sample only (losses.py).
 
 An environment may add more keys (for example `valid_actions`).
 """
@@ -88,6 +99,16 @@ class Env(abc.ABC):
         """The current state as one self-contained user message showing at most `window` past
         (action, observation) pairs. Used when `rollout.history_window >= 0` (one sample per step)."""
         raise NotImplementedError(f"{type(self).__name__} does not support history-window prompts")
+
+    def turn_reminder(self) -> str:
+        """Appended to every user turn after the first (after the turn's tip block); "" = nothing."""
+        return ""
+
+    def anchor_state(self) -> str:
+        """GiGPO's anchor state: the current observation (before the next action) without task-specific text such
+        as the instruction, so equal pages of different steps compare equal. "" (the default) means "no anchor of
+        its own: use the observation as is"."""
+        return ""
 
     def step_limit(self, task: Task) -> int:
         """Most actions an episode of `task` may take (0 = unknown); bounds the context an episode can need."""

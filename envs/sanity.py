@@ -58,6 +58,7 @@ class SanityConfig:
     test_variations: int = 8  # test variations per family (the last ones; never equal to a training one)
     seed: int = 0  # the variations, their split and every command order derive from it
     action_correction: bool = True  # map a command not in the list to the closest listed one (word-set Jaccard)
+    turn_reminder: bool = True  # end every later user turn with the answer instruction (as the first message does)
 
     def validate(self) -> None:
         """Raise ValueError naming the offending `env.sanity.<field>`."""
@@ -343,6 +344,9 @@ class SanityEnv(Env):
     def history(self) -> list[tuple[str, str]]:
         """(cleaned model action, observation) pairs of the current episode."""
         return list(self._history)
+
+    def turn_reminder(self) -> str:
+        return "\n" + RESPOND if self.cfg.turn_reminder else ""
 
     def step_limit(self, task: Task) -> int:
         return 1 if task.name == "pick" else self.cfg.max_steps

@@ -99,3 +99,12 @@ def tiny_folder(tmp_path_factory):
     Qwen2ForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return str(folder)
+
+
+@pytest.fixture(scope="session")
+def qwen25_tokenizer():
+    """A local Qwen2.5-style tokenizer: byte-level BPE with <|endoftext|>, <|im_start|>, <|im_end|> at Qwen2.5's ids
+    151643-151645 and Qwen2.5-Instruct's chat template (tests/chat_reference.py; no hub download here)."""
+    from chat_reference import qwen25_tokenizer as build
+
+    return build()

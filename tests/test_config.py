@@ -102,7 +102,7 @@ def test_grpo_configs_are_their_empo2_base_with_memory_off():
 
 
 def test_renamed_keys_name_their_new_spelling():
-    with pytest.raises(ConfigError, match="renamed to 'memory.p_off_policy'"):
+    with pytest.raises(ConfigError, match="replaced by memory.p_off_policy"):
         load_config(QUICKSTART, ["--memory.p_memory_off_policy=1"])
 
 

@@ -31,9 +31,9 @@ def run(cmd: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
 def updates(tmp_path_factory):
     out = tmp_path_factory.mktemp("updates")
     results = {}
-    for mode in ("single", "dp", "fsdp", "fsdp_nan"):
+    for mode in ("reference", "single", "dp", "fsdp", "fsdp_nan", "dp_episode"):
         file = out / f"{mode}.pt"
-        launcher = [sys.executable] if mode == "single" else [
+        launcher = [sys.executable] if mode in ("single", "reference") else [
             sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}"]
         proc = run(launcher + [SCRIPT, mode, str(file)])
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -55,6 +55,33 @@ def test_two_ranks_with_unequal_samples_update_like_one_process(updates, mode):
     assert moved > 1e-2  # SGD moved the weights: the equality is not between two untouched models
     if mode == "fsdp":  # rank 1 ran one zero-weight padding micro-batch to match rank 0's three
         assert updates[mode]["padding_passes"] == [0.0, 1.0]
+
+
+def relative(a: dict, b: dict) -> float:
+    """||a - b|| / ||b|| over all tensors of two parameter dicts."""
+    diff = sum(((a[k] - b[k]).double() ** 2).sum() for k in b) ** 0.5
+    return (diff / sum((b[k].double() ** 2).sum() for k in b) ** 0.5).item()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["single", "dp", "fsdp"])
+def test_packed_episodes_weigh_each_step_as_the_reference_per_step_samples(updates, mode):
+    """Five packed episodes of 1-4 actions (1-5 tokens each) on one process or split 3/2 over two ranks: the loss
+    and the gradient equal the reference's, computed by hand on one sample per step (each step's token mean, then
+    the mean over all steps; tests/distributed_update.py reference_update)."""
+    reference, packed = updates["reference"], updates[mode]
+    assert packed["loss"] == pytest.approx(reference["loss"], rel=1e-6)
+    assert relative(packed["grads"], reference["grads"]) < 1e-6
+    assert relative(packed["weights"], reference["weights"]) < 1e-6
+
+
+@pytest.mark.slow
+def test_episode_weights_differ_from_the_reference(updates):
+    """The earlier weighting (each packed episode one sample, its tokens averaged) on the same episodes is what
+    the test above rejects: loss and gradient differ from the per-step reference by far more than its tolerance."""
+    reference, episode = updates["reference"], updates["dp_episode"]
+    assert abs(episode["loss"] - reference["loss"]) / abs(reference["loss"]) > 1e-2
+    assert relative(episode["grads"], reference["grads"]) > 1e-2
 
 
 @pytest.mark.slow

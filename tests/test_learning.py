@@ -7,6 +7,10 @@
 * Off-policy "reward-guided distillation" (paper §4.2): episodes played WITH tips in the prompt and updated
   off-policy on the tip-free context raise log pi(a | no tips) of positive-advantage actions, lower it for
   negative ones, and move the tip-free probability of the tip-induced action towards its with-tips probability.
+  Through the run's own path: two-step episodes played by `run_episodes(mode="off_policy")` with tips in the current
+  turn (the default placement), `build_samples` (one packed tip-free sample per episode, behaviour log-probs in
+  each step's own with-tip prompt), `compute_old_logprobs`, `train.update`. Only the generated ids are scripted
+  (teacher-forced actions: a sampled 135M model would rarely say the tip's answer).
 """
 import random
 
@@ -14,11 +18,11 @@ import pytest
 import torch
 
 from config import load_config
-from envs.base import Task
-from losses import sequence_action_logprobs
-from memory import TipEntry, tip_block
+from envs.base import Env, Task
+from losses import group_advantages, sequence_action_logprobs
+from memory import TipEntry, TipMemory, tip_block
 from models import load_policy
-from rollout import ChatStream, Episode, build_samples
+from rollout import ChatStream, Episode, build_samples, run_episodes
 
 pytestmark = pytest.mark.slow
 
@@ -61,15 +65,61 @@ def action_logprob(model, chat: ChatStream, action: str, with_tips: bool) -> flo
     return logp.sum().item()
 
 
+class ColoursEnv(Env):
+    """Two rounds of QUESTION; the answer GOOD pays 100 each round."""
+
+    def __init__(self):
+        self.t = 0
+
+    def tasks(self, split):
+        return [Task("colours", 0)]
+
+    def reset(self, task):
+        self.t = 0
+        return QUESTION
+
+    def step(self, action):
+        self.t += 1
+        reward, done = (100.0 if action == GOOD else 0.0), self.t >= 2
+        return f"Round {self.t + 1}. {QUESTION}", reward, done, dict(score=reward, success=reward > 0, truncated=done,
+                                                                      env_error="", action=action)
+
+
+def played_with_tips(model, chat: ChatStream, cfg, monkeypatch) -> list[Episode]:
+    """Two off-policy episodes of ColoursEnv through run_episodes, the tip retrieved at every step; the generator
+    is scripted: episode 0 answers GOOD twice, episode 1 BAD twice."""
+    import rollout
+
+    scripted = [chat.encode(GOOD) + [chat.eos_id], chat.encode(BAD) + [chat.eos_id]]
+    monkeypatch.setattr(rollout, "generate_actions",
+                        lambda model, chat, contexts, caches=None, **kwargs: [list(a) for a in scripted])
+    memory = TipMemory(cfg.memory.capacity, cfg.memory.top_k)
+    memory.add("colours/0", TIP[0])
+    return run_episodes(model, chat, [ColoursEnv(), ColoursEnv()], [Task("colours", 0)] * 2, [0, 0],
+                        mode="off_policy", memory=memory, cfg=cfg.rollout)
+
+
+def stream_logprob(model, chat: ChatStream, ids: list[int], mask: list[int]) -> float:
+    model.eval()
+    with torch.no_grad():
+        (logp,), _ = sequence_action_logprobs(model, [ids], [mask], chat.pad_id, "cpu")
+    return logp.sum().item()
+
+
 # Measured with this model (8 AdamW steps, lr 1e-3): with the Table-3 denominator pi_old(a | tips) the tip-induced
 # token " blue" starts with importance weight pi(a | no tips) / pi_old(a | tips) = e^-3.9 = 0.02, so distillation is
-# slow (tip-free log-prob of GOOD +0.8, gap 5.2 -> 4.6); with Algorithm 1's tip-free denominator the weight starts
-# at 1 (+5.1, gap 5.2 -> 0.4). docs/decisions.md, "Off-policy old log-probabilities".
+# slow: the rollout case (two steps per episode, GRPO advantages +-0.71) moves the tip-free log-prob of GOOD
+# -9.6 -> -8.1 (gap 5.2 -> 3.7), BAD -4.0 -> -6.8, the whole episodes' tip-free log-probs -11.8 -> -9.4 and
+# -7.5 -> -14.2 (one-step episodes by hand, advantages +-1: GOOD +0.8, gap 5.2 -> 4.6). With Algorithm 1's tip-free
+# denominator the weight starts at 1 (by hand: GOOD -9.6 -> -4.5, gap 5.2 -> 0.4, BAD -4.0 -> -10.6).
+# docs/decisions.md, "Off-policy old log-probabilities".
 MIN_CHANGE = {"with_tips": 0.3, "without_tips": 2.0}
 
 
-@pytest.mark.parametrize("old_logp", ["with_tips", "without_tips"])  # paper Table 3 / Algorithm 1 denominator
-def test_off_policy_update_distils_the_tip_into_the_tip_free_policy(fresh_policy, old_logp):
+# Table 3's denominator through the run's default path; Algorithm 1's on one-step episodes built by hand (the
+# packed layout of tip_placement=history and of no-memory episodes).
+@pytest.mark.parametrize("old_logp, path", [("with_tips", "rollout"), ("without_tips", "by_hand")])
+def test_off_policy_update_distils_the_tip_into_the_tip_free_policy(fresh_policy, old_logp, path, monkeypatch):
     from accelerate import Accelerator
 
     from losses import compute_old_logprobs
@@ -77,15 +127,29 @@ def test_off_policy_update_distils_the_tip_into_the_tip_free_policy(fresh_policy
 
     model, tokenizer = fresh_policy
     chat = ChatStream(tokenizer)
+    cfg = load_config(None, ["--train.epochs=8", "--train.max_grad_norm=10", f"--loss.off_policy_old_logp={old_logp}"])
     before = {(a, t): action_logprob(model, chat, a, t) for a in (GOOD, BAD) for t in (True, False)}
     assert before[(GOOD, True)] > before[(GOOD, False)] + 3  # the tip makes GOOD more likely: tip-induced
 
-    # Played with tips, learned off-policy: GOOD paid (advantage +1), BAD did not (advantage -1).
-    episodes = [one_step_episode(chat, GOOD, "off_policy", True), one_step_episode(chat, BAD, "off_policy", True)]
-    samples = build_samples(episodes, [1.0, -1.0], off_policy_old_logp=old_logp)
-    assert samples[0].ids == episodes[0].twin_ids  # the loss scores the action without the tips
+    # Played with tips, learned off-policy: GOOD paid, BAD did not.
+    if path == "rollout":  # the default path: current-turn tips, one packed tip-free sample per episode
+        episodes = played_with_tips(model, chat, cfg, monkeypatch)
+        assert [ep.layout for ep in episodes] == ["current_turn"] * 2 and cfg.rollout.tip_placement == "current_turn"
+        assert [ep.tips_retrieved for ep in episodes] == [[1, 1]] * 2 and [ep.num_actions for ep in episodes] == [2, 2]
+        advantages = group_advantages([ep.extrinsic_return for ep in episodes], [ep.group for ep in episodes],
+                                      cfg.loss.advantage_eps)
+        assert advantages[0] > 0 > advantages[1]
+    else:  # one-step episodes built by hand, advantages +-1
+        episodes = [one_step_episode(chat, GOOD, "off_policy", True), one_step_episode(chat, BAD, "off_policy", True)]
+        advantages = [1.0, -1.0]
+    samples = build_samples(episodes, advantages, off_policy_old_logp=old_logp, aggregation=cfg.loss.aggregation)
+    assert len(samples) == 2 and [s.ids for s in samples] == [ep.twin_ids for ep in episodes]  # scored without tips
+    assert all("<tip>" not in chat.decode(s.ids) for s in samples)
+    if path == "rollout":  # the behaviour log-probs: each action in its own with-tip step prompt
+        assert all(len(s.old_contexts) == 2 and all(chat.decode(ids).count("<tip>") == 1 for ids, _ in s.old_contexts)
+                   for s in samples)
+    tip_free = [stream_logprob(model, chat, ep.twin_ids, ep.twin_mask) for ep in episodes]  # every step
     compute_old_logprobs(model, samples, chat.pad_id, "cpu", micro_batch_size=2)
-    cfg = load_config(None, ["--train.minibatches=1", "--train.epochs=8", "--train.max_grad_norm=10"])
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     metrics = update(model, optimizer, samples, cfg, Accelerator(cpu=True), "off_policy", chat.pad_id,
                      random.Random(0))
@@ -100,12 +164,16 @@ def test_off_policy_update_distils_the_tip_into_the_tip_free_policy(fresh_policy
     gap_after = after[(GOOD, True)] - after[(GOOD, False)]
     print({k: round(v, 2) for k, v in after.items()})
     assert gap_after < gap_before - change  # the tip-free policy moves towards the with-tips policy on GOOD
+    # Over whole episodes (both steps) too: the rewarded episode's tip-free log-prob rises, the punished one's falls.
+    tip_free_after = [stream_logprob(model, chat, ep.twin_ids, ep.twin_mask) for ep in episodes]
+    print("tip-free episode log-probs", [round(v, 2) for v in tip_free], "->", [round(v, 2) for v in tip_free_after])
+    assert tip_free_after[0] > tip_free[0] + change and tip_free_after[1] < tip_free[1] - 1.0
 
 
 PICK = ["--env.sanity.families=[pick]", "--env.sanity.pick_choices=2", "--env.sanity.train_variations=7",
         "--env.sanity.test_variations=4", "--rollout.tasks_per_iteration=2",
         "--rollout.group_size=8", "--rollout.max_action_tokens=4", "--rollout.max_prompt_tokens=256",
-        "--train.iterations=6", "--train.minibatches=2", "--train.micro_batch_size=8", "--train.lr=2e-3",
+        "--train.iterations=6", "--train.minibatch_steps=8", "--train.micro_batch_size=8", "--train.lr=2e-3",
         "--train.eval_every=0", "--train.save_every=0", "--train.tensorboard=false", "--train.torch_threads=2"]
 
 

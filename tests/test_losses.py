@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from losses import (action_logprobs, anchor_state_advantages, clipped_policy_loss, discounted_returns,
-                    gigpo_advantages, grpo_advantages, group_advantages)
+from losses import (action_logprobs, action_runs, anchor_state_advantages, clipped_policy_loss, discounted_returns,
+                    grpo_advantages, group_advantages, loss_weights, novelty_advantages)
 
 
 def loss_of(ratios, advantages, mask=None, old=None, **kw):
@@ -45,7 +45,7 @@ def test_group_advantages_groups_are_independent():
         (1.2, 1.0, -1.2, False),  # inside the asymmetric range [0.8, 1.3]
         (0.5, 1.0, -0.5, False),  # A > 0, ratio low: min() keeps the unclipped term
         (0.5, -1.0, 0.8, True),  # A < 0, ratio below 1 - 0.2: clipped at 0.8 (no gradient)
-        (1.25, -2.0, 2.5, False),  # A < 0, ratio 1.25 > 1.2 but the unclipped term is larger
+        (1.5, -2.0, 3.0, False),  # A < 0, ratio 1.5 above 1 + 0.3, but max() keeps the larger unclipped term
         (20.0, -1.0, 10.0, True),  # A < 0, huge ratio: dual clip caps the loss at -A * c = 10
         (5.0, -1.0, 5.0, False),  # A < 0, ratio below c: plain PPO term
     ],
@@ -168,9 +168,7 @@ def test_gigpo_step_advantages_by_hand():
     # Episode-level GRPO: returns 1, 0, 2 -> mean 1, std 1 -> 0, -1, 1; group 1 alone -> 0. Weight 0.5.
     episode = group_advantages([1.0, 0.0, 2.0, 1.0], groups, eps=0.0)
     assert episode == pytest.approx([0.0, -1.0, 1.0, 0.0])
-    combined = gigpo_advantages(episode, steps, weight=0.5)
-    assert combined[0] == pytest.approx([0.5 * third, 0.0]) and combined[1] == pytest.approx([-1 - third, -1.0])
-    assert combined[2] == pytest.approx([1 + 0.5 * third, 1.0, 1.0]) and combined[3] == pytest.approx([0.0])
+    # (episode + weight x step level, as verl-agent combines them: tests/test_gigpo.py)
     # GiGPO "w/o std" (verl-agent's mean_norm) drops the std at BOTH levels: episode returns 2, 0, 4 -> 0, -2, 2.
     assert group_advantages([2.0, 0.0, 4.0, 1.0], groups, divide_std=False) == pytest.approx([0.0, -2.0, 2.0, 0.0])
 
@@ -181,3 +179,66 @@ def test_gigpo_needs_per_step_samples():
     with pytest.raises(ConfigError, match="history_window"):
         load_config(None, ["--loss.advantage=gigpo", "--rollout.history_window=-1"])
     assert load_config(None, ["--loss.advantage=gigpo", "--rollout.history_window=2"]).loss.advantage == "gigpo"
+
+
+# ----------------------------------------------------------------------------- novelty bonus (intrinsic.*)
+
+EXPLORER = [0.5, 0.5, 0.5] + [0.0015] * 27  # three new-ish states, then 27 steps in common ones: sum 1.5405
+FAST_FAILURE = [0.1]  # one step into a rare state, then the episode ends: sum 0.1
+
+
+def test_novelty_tie_on_the_score_goes_to_the_explorer():
+    """Both episodes fail at -100. Default form: B = sum_t 1/n_t, A = A_score + 0.1 (B - mean B). By hand:
+    B = 1.5405 and 0.1, mean 0.82025, A_score = 0 (a tie) -> A = +-0.1 x 0.72025 = +-0.072025."""
+    bonuses = [sum(EXPLORER), sum(FAST_FAILURE)]
+    adv = novelty_advantages(group_advantages([-100.0, -100.0], [0, 0]), bonuses, [0, 0], coef=0.1)
+    assert adv == pytest.approx([0.072025, -0.072025], abs=1e-9)
+    # The former form (R = score + coef x mean_t 1/n_t, normalised together) gave the fast failure the full +0.707.
+    means = [sum(EXPLORER) / len(EXPLORER), sum(FAST_FAILURE) / len(FAST_FAILURE)]  # 0.05135 vs 0.1
+    old = group_advantages([-100.0 + means[0], -100.0 + means[1]], [0, 0])
+    assert old[0] == pytest.approx(-1 / math.sqrt(2), abs=1e-4) and old[1] == pytest.approx(1 / math.sqrt(2), abs=1e-4)
+
+
+def test_novelty_never_outweighs_a_real_score_difference_at_the_chosen_weight():
+    """The explorer scores 0, the fast failure 10: A_score = -+5 / 7.0711 = -+0.70711, novelty +-0.072025, so the
+    score decides: -0.635085 and +0.635085."""
+    bonuses = [sum(EXPLORER), sum(FAST_FAILURE)]
+    adv = novelty_advantages(group_advantages([0.0, 10.0], [0, 0]), bonuses, [0, 0], coef=0.1)
+    a = 5 / (math.sqrt(50) + 1e-6)
+    assert adv == pytest.approx([-a + 0.072025, a - 0.072025], abs=1e-6)
+    assert adv[0] < 0 < adv[1]
+
+
+def test_novelty_per_group_and_per_step_lists():
+    """Groups are centred separately; a one-episode group gets nothing; per-step advantages (GiGPO) all get it."""
+    adv = novelty_advantages([[0.5, -0.5], 0.0, 0.0, 1.0], [2.0, 0.0, 1.0, 7.0], ["a", "a", "b", "c"], coef=0.2)
+    assert adv[0] == pytest.approx([0.5 + 0.2, -0.5 + 0.2]) and adv[1] == pytest.approx(-0.2)
+    assert adv[2] == 0.0 and adv[3] == 1.0
+
+
+# ----------------------------------------------------------------------------- loss weights (loss.aggregation)
+
+
+def test_loss_weights_by_hand():
+    mask = [0, 1, 1, 0, 0, 1, 0, 1, 1, 1]  # three actions of 2, 1 and 3 tokens
+    assert action_runs(mask) == [2, 1, 3]
+    assert loss_weights(mask, "step") == pytest.approx([1 / 2, 1 / 2, 1.0, 1 / 3, 1 / 3, 1 / 3])
+    assert loss_weights(mask, "episode", episode_tokens=12) == pytest.approx([1 / 12] * 6)
+    assert loss_weights(mask, "token") == [1.0] * 6
+    with pytest.raises(ValueError, match="aggregation"):
+        loss_weights(mask, "steps")
+
+
+def test_weighted_sum_over_a_normaliser_by_hand():
+    """Two samples: 2 steps (tokens 2 + 1) and 1 step (1 token), ratio 1, A = 1 (token loss -1) and A = 3 (-3).
+    Step weights over a 3-step mini-batch: (-1/2 - 1/2 - 1 - 3) / 3 = -5/3; default (mean of sample means): -2."""
+    logp = torch.zeros(2, 3, requires_grad=True)
+    adv = torch.tensor([[1.0, 1.0, 1.0], [3.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    weights = torch.tensor([[0.5, 0.5, 1.0], [1.0, 0.0, 0.0]])
+    loss, _ = clipped_policy_loss(logp, torch.zeros(2, 3), adv, mask, token_weights=weights, normaliser=3.0)
+    assert loss.item() == pytest.approx(-5 / 3)
+    loss.backward()  # d loss / d logp = -A w / 3 at ratio 1
+    assert torch.allclose(logp.grad, torch.tensor([[-1 / 6, -1 / 6, -1 / 3], [-1.0, 0.0, 0.0]]))
+    default, _ = clipped_policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), adv, mask)
+    assert default.item() == pytest.approx(-2.0)

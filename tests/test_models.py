@@ -270,14 +270,42 @@ def test_save_and_load_trainable_round_trip(qwen_folder, tmp_path, lora):
 
 @pytest.mark.parametrize("name", ["/nonexistent/path/to/model", "no-such-org/no-such-model-xyz"])
 def test_missing_model_is_a_short_error(name, monkeypatch):
+    """Short because nothing waits: no connection is attempted, nothing sleeps (no retry with backoff), and a hub
+    id gets a couple of offline cache lookups (a path that does not exist none at all)."""
+    import socket
+
+    import transformers.utils.hub as hub
     from huggingface_hub import constants
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # read once at import time
-    start = time.monotonic()
+    network, sleeps, lookups = [], [], []
+
+    def refuse(what):
+        def call(*args, **kwargs):
+            network.append((what, args[:2]))
+            raise OSError(f"test: no network ({what})")
+        return call
+
+    for what in ("getaddrinfo", "create_connection"):
+        monkeypatch.setattr(socket, what, refuse(what))
+    monkeypatch.setattr(socket.socket, "connect", refuse("connect"))
+    monkeypatch.setattr(time, "sleep", lambda seconds: sleeps.append(seconds))
+    for what in ("hf_hub_download", "snapshot_download"):  # the names transformers calls the hub through
+        real = getattr(hub, what)
+
+        def lookup(*args, _real=real, _what=what, **kwargs):
+            lookups.append((_what, args[:1] or kwargs.get("repo_id"), constants.HF_HUB_OFFLINE))
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(hub, what, lookup)
     with pytest.raises(models.ModelLoadError) as info:
         models.load_policy(ModelConfig(name_or_path=name))
-    assert time.monotonic() - start < 10
+    assert network == [] and sleeps == []
+    if name.startswith("/"):
+        assert lookups == []  # refused before transformers is asked
+    else:
+        assert 0 < len(lookups) <= 2 and all(offline for _, _, offline in lookups), lookups
     message = str(info.value)
     assert name in message and models.SMOLLM2_ALIAS in message and "local HF folder" in message
     assert info.value.__cause__ is None and (info.value.__suppress_context__ or info.value.__context__ is None)

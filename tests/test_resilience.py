@@ -33,21 +33,36 @@ def rows(out: Path) -> list[dict]:
 
 
 def test_ranks_sample_their_own_episodes_yet_keep_identical_weights(tmp_path, tiny_folder):
-    """Both ranks play the only training variation: with one shared sampling stream they played the same episodes."""
+    """Both ranks play the only training variation: with one shared sampling stream they played the same episodes.
+    Two off-policy iterations: the second shows, in every prompt, tips the first iteration wrote (memory synced
+    over the ranks), and after both updates the ranks' weights and memories are still identical."""
     port = free_port()
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}", "train.py",
-           "--config", SANITY, *tiny_args(tiny_folder, out, "--train.iterations=1", "--env.sanity.train_variations=1",
-                                          "--train.log_episodes=-1", "--memory.p_no_memory=1",
-                                          "--memory.p_on_policy_tips=0", "--memory.p_off_policy=0")]
+           "--config", SANITY, *tiny_args(tiny_folder, out, "--train.iterations=2", "--env.sanity.train_variations=1",
+                                          "--train.log_episodes=-1", "--memory.p_no_memory=0",
+                                          "--memory.p_on_policy_tips=0", "--memory.p_off_policy=1")]
     proc = subprocess.run(cmd, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    played = [[json.loads(line) for line in (out / "episodes" / f"iter_000001_rank{r}.jsonl").read_text().splitlines()]
-              for r in (0, 1)]
-    assert {e["task"] for r in played for e in r} == {played[0][0]["task"]}  # the same variation on both ranks
-    assert [e["actions"] for e in played[0]] != [e["actions"] for e in played[1]]
+    played = {(i, r): [json.loads(line) for line in
+                       (out / "episodes" / f"iter_{i:06d}_rank{r}.jsonl").read_text().splitlines()]
+              for i in (1, 2) for r in (0, 1)}
+    for i in (1, 2):
+        assert {e["task"] for r in (0, 1) for e in played[i, r]} == {played[i, 0][0]["task"]}  # the same variation
+        assert [e["actions"] for e in played[i, 0]] != [e["actions"] for e in played[i, 1]]
+    first, second = rows(out)
+    assert first["mode"] == second["mode"] == "off_policy"
+    assert first["tips_retrieved"] == 0 and first["tips_written"] > 0  # an empty memory, then the first tips
+    assert second["tips_retrieved"] > 0
+    written = {e["tip"] for r in (0, 1) for e in played[1, r] if e["tip"]}
+    # Iteration 2: every step's prompt carried a block of iteration 1's tips, and both ranks retrieved the same
+    # block for the same first observation (identical memories; retrieval here is top-k by return).
+    shown = [block for r in (0, 1) for e in played[2, r] for block in e["tips_shown"]]
+    assert shown and all(any(tip in block for tip in written) for block in shown)
+    assert played[2, 0][0]["tips_shown"][0] == played[2, 1][0]["tips_shown"][0]
     ranks = json.loads((out / "ranks.json").read_text())
     assert ranks["weights_sha256"][0] == ranks["weights_sha256"][1]
+    assert ranks["memory_sha256"][0] == ranks["memory_sha256"][1]
 
 
 def test_a_crashed_episode_is_counted_but_not_learned_from(tmp_path, tiny_folder, monkeypatch):

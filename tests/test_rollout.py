@@ -1,5 +1,13 @@
-"""Rollout mechanics with the real CPU model: token streams, tip-free twins, packing, batching."""
+"""Rollout mechanics with the real CPU model: token streams, tip-free twins, packing, batching.
+
+The streams are checked against an independent rendering (tests/chat_reference.py): the chat template applied to
+the episode's conversation (observations, tip blocks, reminders; the environment's own record), the ids the
+generator returned spliced in, for SmolLM2's template and for Qwen2.5-Instruct's (a local Qwen2.5-style tokenizer
+whose actions are scripted ids: there is no Qwen model here)."""
 import dataclasses
+import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -11,6 +19,9 @@ from memory import TipEntry, TipMemory, tip_block
 from rollout import (ChatStream, ContextBudgetError, Episode, Sample, advantage_return, build_samples, draw_mode,
                      clean_tip, generate_actions, intrinsic_return, pay_novelty, per_step_samples, run_episodes,
                      write_tips)
+
+from chat_reference import QWEN25_SYSTEM, first_difference, render_episode
+from conftest import ROOT, clean_env
 
 
 
@@ -26,10 +37,34 @@ def play(policy, env_cls, mode, memory, n=2, window=-1, max_steps=3, intrinsic=N
     return chat, eps
 
 
+# One "rank": its own RANK, its own global random streams (random, numpy, torch, as train.py seeds them per rank)
+# and hash seed; it prints the modes of iterations 1..50.
+DRAW_MODES_RANK = """
+import json, os, random
+import numpy, torch
+rank = int(os.environ["RANK"])
+random.seed(11 + rank); numpy.random.seed(22 + rank); torch.manual_seed(33 + rank)
+random.random(); torch.rand(rank + 1)  # the streams have moved differently on each rank
+from config import MemoryConfig
+from rollout import draw_mode
+print(json.dumps([draw_mode(MemoryConfig(), seed=3, iteration=i) for i in range(1, 51)]))
+"""
+
+
 def test_draw_mode_probabilities_and_rank_agreement():
+    # Two processes, as two ranks of a run: different RANK, global seeds and hash seeds draw the same 50 modes.
+    procs = [subprocess.Popen([sys.executable, "-c", DRAW_MODES_RANK], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env={**clean_env(), "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
+                                   "PYTHONHASHSEED": str(r)}) for r in (0, 1)]
+    outputs = [proc.communicate(timeout=120) for proc in procs]
+    assert all(proc.returncode == 0 for proc in procs), [err[-2000:] for _, err in outputs]
+    rank0, rank1 = (json.loads(out.strip().splitlines()[-1]) for out, _ in outputs)
+    assert len(rank0) == 50 and rank0 == rank1
+    assert {"no_memory", "off_policy"} <= set(rank0)  # the draws vary over iterations (not one constant mode)
     memory = MemoryConfig(p_no_memory=0.75, p_on_policy_tips=0.08, p_off_policy=0.17)
     draws = [draw_mode(memory, seed=3, iteration=i) for i in range(20000)]
-    assert draws == [draw_mode(memory, seed=3, iteration=i) for i in range(20000)]  # same on every rank
+    assert draws[1:51] == rank0  # this process (another RANK, other streams) agrees too
     freq = {m: draws.count(m) / len(draws) for m in set(draws)}
     assert freq["no_memory"] == pytest.approx(0.75, abs=0.015)
     assert freq["on_policy_tips"] == pytest.approx(0.08, abs=0.01)
@@ -54,7 +89,8 @@ def test_intrinsic_return_mean_or_sum_of_the_bonuses():
                  intrinsic=[1.0, 0.5, 0.5, 0.0])
     assert intrinsic_return(ep, IntrinsicConfig(coef=2.0, aggregate="mean")) == 2.0 * 2.0 / 4
     assert intrinsic_return(ep, IntrinsicConfig(coef=2.0, aggregate="sum")) == 4.0
-    assert advantage_return(ep, IntrinsicConfig(coef=2.0, aggregate="sum")) == 19.0
+    assert advantage_return(ep, IntrinsicConfig(coef=2.0, aggregate="sum", combine="return")) == 19.0
+    assert advantage_return(ep, IntrinsicConfig(coef=2.0, aggregate="sum")) == 15.0  # combine=advantage: A += later
     assert advantage_return(ep, IntrinsicConfig(coef=0.0)) == 15.0 == ep.extrinsic_return
 
 
@@ -65,46 +101,134 @@ def filled_memory():
     return memory
 
 
-@pytest.mark.slow
-def test_chat_stream_matches_the_chat_template(policy):
-    _, tokenizer = policy
+CHAT_CASES = ["smollm2", "qwen25"]
+
+
+def qwen_script(tokenizer) -> list[list[int]]:
+    """Generated ids for the Qwen2.5-style tokenizer (no model): one per step, token-in/token-out cases."""
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    eos, endoftext = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    letters = tokenizer.convert_tokens_to_ids(list("look"))  # one id per letter: not how "look" is tokenised
+    assert letters != encode("look")
+    return [letters + [eos],  # ends at eos
+            encode(" open the red box"),  # the longest: cut at the token limit, no eos (the rollout closes it)
+            encode("look around") + [endoftext],  # Qwen2.5's other stop id
+            encode("done") + [eos]]
+
+
+def chat_case(request, name):
+    """(model, tokenizer, script): SmolLM2 samples its actions (script None); the Qwen2.5-style tokenizer has no
+    model, its actions are `qwen_script`."""
+    if name == "smollm2":
+        model, tokenizer = request.getfixturevalue("policy")
+        return model, tokenizer, None
+    tokenizer = request.getfixturevalue("qwen25_tokenizer")
+    return None, tokenizer, qwen_script(tokenizer)
+
+
+REMINDER = "\n(Answer with one short action.)"
+
+
+def reminding(env_cls):
+    """`env_cls` with a per-turn reminder (Env.turn_reminder), which the rollout appends to every later user turn."""
+    return type("RemindingRooms", (env_cls,), {"turn_reminder": lambda self: REMINDER})
+
+
+def observations_of(env) -> list[str]:
+    """The observation before each action, from the environment's own record (RoomsEnv)."""
+    return [env.first] + [obs for _, obs in env.history[:-1]]
+
+
+def user_texts(env, blocks: list[str] | None = None) -> list[str]:
+    """Each turn's user message: the observation, its tip block (none: tip-free), then after the first turn the
+    environment's reminder."""
+    reminder = getattr(env, "turn_reminder", lambda: "")()
+    observations = observations_of(env)
+    blocks = blocks or [""] * len(observations)
+    return [obs + block + (reminder if t else "") for t, (obs, block) in enumerate(zip(observations, blocks))]
+
+
+def tip_blocks(memory: TipMemory, env) -> list[str]:
+    return [tip_block(memory.retrieve("rooms/0", obs)) for obs in observations_of(env)]
+
+
+def tip_free_conversation(tokenizer, env, actions: list[list[int]]) -> list[int]:
+    """The episode's conversation without tip blocks, rendered by the chat template with the action ids spliced."""
+    return render_episode(tokenizer, user_texts(env), actions)[0]
+
+
+def play_recorded(monkeypatch, model, tokenizer, script, env_cls, mode, memory, placement, n=2, max_steps=3):
+    """`play`, recording what every generate call returned: actions[i] = the ids generated for episode i, straight
+    from the generator. With `script` the k-th call returns script[k] for every row (a tokenizer without a model)."""
+    import rollout
+
+    calls, sample = [], rollout.generate_actions
+
+    def recorder(model, chat, contexts, caches=None, **kwargs):
+        out = (sample(model, chat, contexts, caches, **kwargs) if script is None
+               else [list(script[len(calls)]) for _ in contexts])
+        calls.append([list(ids) for ids in out])
+        return out
+
+    monkeypatch.setattr(rollout, "generate_actions", recorder)
     chat = ChatStream(tokenizer)
-    messages = [{"role": "user", "content": "Find the red box."}, {"role": "assistant", "content": "look around"},
-                {"role": "user", "content": "You see a red box.\nIt is closed."},
-                {"role": "assistant", "content": "open red box"}, {"role": "user", "content": "Done."}]
-    built = chat.first_turn(messages[0]["content"])
-    for i in range(1, len(messages), 2):
-        action = chat.encode(messages[i]["content"]) + [chat.eos_id]
-        built += action + chat.next_turn(messages[i + 1]["content"])
-    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    assert built == tokenizer.encode(rendered, add_special_tokens=False)
-
-
-def tip_free_conversation(chat, observations: list[str], actions: list[list[int]]) -> list[int]:
-    """The episode's conversation without any tip block, rendered turn by turn from its messages and action ids."""
-    expected = chat.first_turn(observations[0])
-    for k, action in enumerate(actions):
-        expected += action
-        if k + 1 < len(actions):
-            expected += chat.close_action(action) + chat.next_turn(observations[k + 1])
-    return expected
+    envs = [env_cls(len(script) if script else max_steps) for _ in range(n)]
+    torch.manual_seed(1)
+    limit = max(map(len, script)) if script else 8  # a scripted action is never longer than the token limit
+    cfg = RolloutConfig(max_action_tokens=limit, max_prompt_tokens=4000, temperature=1.0, tip_placement=placement,
+                        kv_reuse=model is not None)
+    eps = run_episodes(model, chat, envs, [Task("rooms", 0)] * n, [0] * n, mode=mode, memory=memory, cfg=cfg)
+    assert calls and all(len(call) == n for call in calls)  # every episode played every step
+    return chat, eps, envs, [[call[i] for call in calls] for i in range(n)]
 
 
 @pytest.mark.slow
-def test_twin_stream_is_the_episode_rendered_without_tips(policy, rooms_env):
-    chat, eps = play(policy, rooms_env, "off_policy", filled_memory())
-    for ep in eps:
-        assert ep.num_actions == 3 and all(n == 3 for n in ep.tips_retrieved)
-        assert "<tip>" in chat.decode(ep.ids) and "<tip>" not in chat.decode(ep.twin_ids)
-        # Rebuild the tip-free conversation from its messages and the generated action ids, token for token.
-        action_runs = [s.ids[len(s.ids) - sum(s.mask):] for s in per_step_samples(build_samples([ep], [0.0])[0])]
-        assert ep.twin_ids == tip_free_conversation(chat, ep.observations, action_runs)
-        # Actions are the same tokens in the same order in both streams.
-        assert [t for t, m in zip(ep.ids, ep.mask) if m] == [t for t, m in zip(ep.twin_ids, ep.twin_mask) if m]
-        # The with-tip stream carries exactly the retrieved block in every user turn.
-        block = tip_block(filled_memory().retrieve("rooms/0"))
-        assert chat.decode(ep.ids).count("Here are some memories") == 3
-        assert block.strip().splitlines()[1] in chat.decode(ep.ids)
+@pytest.mark.parametrize("case", CHAT_CASES)
+def test_chat_stream_matches_the_chat_template(request, case):
+    """ChatStream's deltas around generated ids (an action ending at eos spelled letter by letter, one cut at the
+    token limit) are the chat template's rendering of the conversation, system prompt included."""
+    _, tokenizer, _ = chat_case(request, case)
+    chat = ChatStream(tokenizer)
+    encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    letters = tokenizer.convert_tokens_to_ids(list("look"))
+    assert letters != encode("look")  # not a re-tokenisation of the text
+    users = ["Find the red box.", "You see a red box.\nIt is closed.", "  Done.\n\n"]
+    actions = [letters + [tokenizer.eos_token_id], encode("open red box")]
+    built = chat.first_turn(users[0])
+    for action, user in zip(actions, users[1:]):
+        built += action + chat.close_action(action) + chat.next_turn(user)
+    expected, _ = render_episode(tokenizer, users, actions)
+    assert built == expected, first_difference(built, expected, tokenizer)
+    system = QWEN25_SYSTEM if case == "qwen25" else "You are a helpful AI assistant named SmolLM"
+    assert tokenizer.decode(expected).startswith("<|im_start|>system\n" + system)
+    if case == "qwen25":  # the local tokenizer renders Qwen2.5-Instruct's ChatML at Qwen2.5's ids
+        two = [{"role": "user", "content": "U1"}, {"role": "assistant", "content": "A1"},
+               {"role": "user", "content": "U2"}]
+        assert tokenizer.apply_chat_template(two, tokenize=False, add_generation_prompt=True) == (
+            f"<|im_start|>system\n{QWEN25_SYSTEM}<|im_end|>\n<|im_start|>user\nU1<|im_end|>\n<|im_start|>assistant\n"
+            "A1<|im_end|>\n<|im_start|>user\nU2<|im_end|>\n<|im_start|>assistant\n")
+        assert (chat.eos_id, chat.pad_id, expected[0]) == (151645, 151643, 151644)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CHAT_CASES)
+def test_twin_stream_is_the_episode_rendered_without_tips(request, monkeypatch, rooms_env, case):
+    """tip_placement=history: the stream the model saw and its tip-free twin are, token for token, the template's
+    rendering of the conversation with and without the tip blocks (reminders after the tips), the generated ids
+    spliced in; the masks mark exactly those ids."""
+    model, tokenizer, script = chat_case(request, case)
+    memory = filled_memory()
+    _, eps, envs, actions = play_recorded(monkeypatch, model, tokenizer, script, reminding(rooms_env), "off_policy",
+                                          memory, "history")
+    for ep, env, acts in zip(eps, envs, actions):
+        assert ep.num_actions == len(acts) == len(env.history) and all(n == 3 for n in ep.tips_retrieved)
+        blocks = tip_blocks(memory, env)
+        assert all(block.count("Here are some memories") == 1 for block in blocks)
+        twin, twin_mask = render_episode(tokenizer, user_texts(env), acts)
+        seen, seen_mask = render_episode(tokenizer, user_texts(env, blocks), acts)
+        assert ep.twin_ids == twin, first_difference(ep.twin_ids, twin, tokenizer)
+        assert ep.ids == seen, first_difference(ep.ids, seen, tokenizer)
+        assert (ep.twin_mask, ep.mask) == (twin_mask, seen_mask) and len(seen) > len(twin)
 
 
 @pytest.mark.slow
@@ -167,41 +291,46 @@ def test_history_window_mode_one_sample_per_step(policy, rooms_env):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("old_context", ["with_tips", "without_tips"])
-def test_current_turn_placement_shows_only_this_turns_tips(policy, rooms_env, old_context):
-    """The paper's pi(a | s_t, u, tips_t): step t sees the tip-free history + its own tip block; one sample per step."""
-    chat, eps = play(policy, rooms_env, "off_policy", filled_memory(), placement="current_turn")
-    ep = eps[0]
-    assert ep.layout == "current_turn" and len(ep.steps) == 3
-    prompts = chat.decode([i for i, m in zip(ep.ids, ep.mask) if not m])  # (a sampled action may echo "<tip>")
-    assert ep.ids == ep.twin_ids and "<tip>" not in prompts  # the packed stream keeps no tips
+@pytest.mark.parametrize("case, old_context", [("smollm2", "with_tips"), ("smollm2", "without_tips"),
+                                               ("qwen25", "with_tips")])
+def test_current_turn_placement_shows_only_this_turns_tips(request, monkeypatch, rooms_env, case, old_context):
+    """The paper's pi(a | s_t, u, tips_t): step t's prompt is the template's rendering of the tip-free conversation
+    so far + turn t with its own tip block (then the reminder), the generated ids spliced in; the packed stream is
+    the tip-free rendering; the off-policy sample trains on it with each action's old log-prob in its step prompt."""
+    model, tokenizer, script = chat_case(request, case)
+    memory = filled_memory()
+    chat, eps, envs, actions = play_recorded(monkeypatch, model, tokenizer, script, reminding(rooms_env), "off_policy",
+                                             memory, "current_turn")
+    ep, env, acts = eps[0], envs[0], actions[0]
+    assert ep.layout == "current_turn" and len(ep.steps) == len(acts) == len(env.history)
+    free, tipped = user_texts(env), user_texts(env, tip_blocks(memory, env))
+    assert free != tipped
+    twin, twin_mask = render_episode(tokenizer, free, acts)
+    assert ep.ids == ep.twin_ids == twin, first_difference(ep.twin_ids, twin, tokenizer)
+    assert ep.mask == ep.twin_mask == twin_mask
+    prompts = []  # each step's with-tip context, rendered independently
     for t, step in enumerate(ep.steps):
-        # Both prompts continue the tip-free history exactly as it was before step t; then comes this turn.
-        before = len(ep.steps[t - 1].twin_ids) + len(ep.steps[t - 1].action_ids) if t else 0
-        assert step.ids[:before] == step.twin_ids[:before] == ep.twin_ids[:before]
-        assert chat.decode(step.ids[before:]).count("Here are some memories") == 1  # this turn's block only
-        assert "<tip>" not in chat.decode(step.twin_ids[before:])
-        assert step.twin_ids == ep.twin_ids[: len(step.twin_ids)]
-        assert ep.twin_ids[len(step.twin_ids) : len(step.twin_ids) + len(step.action_ids)] == step.action_ids
+        prompts.append(render_episode(tokenizer, free[:t] + [tipped[t]], acts[:t])[0])
+        assert step.ids == prompts[-1], first_difference(step.ids, prompts[-1], tokenizer)
+        assert step.twin_ids == render_episode(tokenizer, free[: t + 1], acts[:t])[0]
+        assert step.action_ids == acts[t]
     # Off-policy: the update scores the tip-free stream as ONE packed sample; with_tips takes each action's behaviour
     # log-prob in its own with-tip step prompt, without_tips in the tip-free stream itself.
     (sample,) = build_samples(eps[:1], [0.5], off_policy_old_logp=old_context)
-    assert sample.ids == ep.twin_ids and sample.mask == ep.twin_mask
-    if old_context == "with_tips":
-        assert sample.old_sequences() == [(s.ids + s.action_ids, [0] * len(s.ids) + [1] * len(s.action_ids))
-                                          for s in ep.steps]
-    else:
-        assert sample.old_sequences() == [(ep.twin_ids, ep.twin_mask)]
-    model, _ = policy
-    compute_old_logprobs(model, [sample], chat.pad_id, "cpu", micro_batch_size=2)
-    with torch.no_grad():
-        parts, _ = sequence_action_logprobs(model, [ids for ids, _ in sample.old_sequences()],
-                                            [m for _, m in sample.old_sequences()], chat.pad_id, "cpu")
-    assert len(sample.old_logp) == sum(ep.twin_mask) == sum(len(s.action_ids) for s in ep.steps)
-    assert torch.allclose(torch.tensor(sample.old_logp), torch.cat(parts).float(), atol=1e-5)
+    assert sample.ids == twin and sample.mask == twin_mask
+    expected_old = ([(p + a, [0] * len(p) + [1] * len(a)) for p, a in zip(prompts, acts)] if old_context == "with_tips"
+                    else [(twin, twin_mask)])
+    assert sample.old_sequences() == expected_old
+    if model is not None:
+        compute_old_logprobs(model, [sample], chat.pad_id, "cpu", micro_batch_size=2)
+        with torch.no_grad():
+            parts, _ = sequence_action_logprobs(model, [ids for ids, _ in expected_old],
+                                                [m for _, m in expected_old], chat.pad_id, "cpu")
+        assert len(sample.old_logp) == sum(twin_mask) == sum(map(len, acts))
+        assert torch.allclose(torch.tensor(sample.old_logp), torch.cat(parts).float(), atol=1e-5)
     # On-policy with tips: each step had its own context, so each step is its own sample, scored in it.
     on = build_samples([dataclasses.replace(ep, mode="on_policy_tips")], [0.5])
-    assert [(x.ids, x.old_ids) for x in on] == [(s.ids + s.action_ids,) * 2 for s in ep.steps]
+    assert [(x.ids, x.old_ids) for x in on] == [(p + a,) * 2 for p, a in zip(prompts, acts)]
 
 
 @pytest.mark.slow
@@ -285,13 +414,15 @@ def test_hostile_tip_text_is_cut_to_one_clean_line():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("placement", ["history", "current_turn"])
-def test_a_hostile_tip_never_leaks_into_the_tip_free_twin(policy, rooms_env, placement):
+def test_a_hostile_tip_never_leaks_into_the_tip_free_twin(policy, rooms_env, placement, monkeypatch):
     """A tip that closes the tag and fakes a chat turn stays inside its block; the twin never contains it."""
     memory = TipMemory()
     memory.add("rooms/0", TipEntry(tip=HOSTILE_TIP, action="look </tip>", ret=99.0))
-    chat, eps = play(policy, rooms_env, "off_policy", memory, placement=placement)
+    model, tokenizer = policy
+    chat, eps, envs, actions = play_recorded(monkeypatch, model, tokenizer, None, rooms_env, "off_policy", memory,
+                                             placement)
     special = set(chat.tokenizer.all_special_ids)
-    for ep in eps:
+    for ep, env, acts in zip(eps, envs, actions):
         prompts_with_tips = [s.ids for s in ep.steps] if ep.steps else [ep.ids]
         assert all("LEAKED-SECRET" in chat.decode(ids) for ids in prompts_with_tips)
         # The spelled-out "<|im_end|>" / "<|im_start|>" of the tip became no real turn boundary: the with-tip
@@ -299,10 +430,8 @@ def test_a_hostile_tip_never_leaks_into_the_tip_free_twin(policy, rooms_env, pla
         for step_ids, twin in ([(s.ids, s.twin_ids) for s in ep.steps] or [(ep.ids, ep.twin_ids)]):
             assert [i for i in step_ids if i in special] == [i for i in twin if i in special]
         # The twin is exactly the tip-free conversation (the sampled actions may echo the tip, and the rooms env
-        # echoes actions in its observations, so text search cannot tell): rebuilt token for token.
-        runs = [s.action_ids for s in ep.steps] or [
-            s.ids[len(s.ids) - sum(s.mask):] for s in per_step_samples(build_samples([ep], [0.0])[0])]
-        assert ep.twin_ids == tip_free_conversation(chat, ep.observations, runs)
+        # echoes actions in its observations, so text search cannot tell): the template's rendering, token for token.
+        assert ep.twin_ids == tip_free_conversation(tokenizer, env, acts)
         (sample,) = build_samples([ep], [1.0])
         assert sample.ids == ep.twin_ids  # the off-policy update scores the tip-free stream
 
@@ -341,7 +470,7 @@ def test_hostile_actions_never_crash_or_corrupt_the_stream(policy, rooms_env, mo
     eps = run_episodes(model, chat, envs, [Task("rooms", 0)] * 2, [0, 0], mode="no_memory", memory=None, cfg=cfg)
     for ep, env in zip(eps, envs):
         assert ep.num_actions == len(script) and ep.truncated != "env_error"
-        assert ep.ids == ep.twin_ids == tip_free_conversation(chat, ep.observations, script)
+        assert ep.ids == ep.twin_ids == tip_free_conversation(tokenizer, env, script)
         assert [t for t, m in zip(ep.ids, ep.mask) if m] == [t for ids in script for t in ids]
         sent = [action for action, _ in env.history]  # the text the environment received
         assert sent[0] == "" and "<|im_start|>" not in sent[1] and "\ufffd" in sent[2] and sent[4].count("look") == 10_000

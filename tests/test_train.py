@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from config import load_config
 from conftest import clean_env, free_port
-from rollout import Sample
+from samples import Sample
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")
@@ -21,7 +21,7 @@ TINY = [
     "--env.scienceworld.train_variations=2", "--env.scienceworld.test_variations=1",
     "--env.scienceworld.num_demos=1", "--env.scienceworld.demo_max_steps=2",
     "--rollout.group_size=2", "--rollout.max_action_tokens=8", "--rollout.tip_max_tokens=16",
-    "--train.minibatches=2", "--train.eval_tasks=1", "--train.torch_threads=1", "--train.tensorboard=true",
+    "--train.minibatch_steps=4", "--train.eval_tasks=1", "--train.torch_threads=1", "--train.tensorboard=true",
     # off-policy in every iteration: exercises tips in the prompt, the twin stream and the masked update
     "--memory.p_no_memory=0", "--memory.p_on_policy_tips=0", "--memory.p_off_policy=1",
 ]
@@ -79,7 +79,7 @@ def test_resume_continues_at_the_next_iteration(two_iterations):
     assert (out / "checkpoints" / "iter_000003").is_dir()
 
 
-def run_update(policy, samples, minibatches):
+def run_update(policy, samples, minibatch_steps):
     """One `update` call on the shared policy; returns (metrics, weights unchanged?)."""
     import random
 
@@ -88,7 +88,7 @@ def run_update(policy, samples, minibatches):
     from train import update
 
     model, tokenizer = policy
-    cfg = load_config(QUICKSTART, [f"--train.minibatches={minibatches}"])
+    cfg = load_config(QUICKSTART, [f"--train.minibatch_steps={minibatch_steps}"])
     params = [p for p in model.parameters() if p.requires_grad]
     before = [p.detach().clone() for p in params]
     optimizer = torch.optim.AdamW(params, lr=1e-2)
@@ -102,12 +102,12 @@ def test_nonfinite_loss_skips_the_update_and_keeps_weights(policy):
     ids = tokenizer.encode("hello world, this is an action", add_special_tokens=False)
     mask = [0, 0] + [1] * (len(ids) - 2)
     bad = Sample(ids, mask, ids, mask, [1.0] * sum(mask), old_logp=[float("nan")] * sum(mask))
-    metrics, unchanged = run_update(policy, [bad], minibatches=1)
+    metrics, unchanged = run_update(policy, [bad], minibatch_steps=1000)
     assert metrics["skipped_updates"] == 1 and metrics["optimizer_steps"] == 0 and unchanged
 
 
 def test_update_without_samples_takes_no_step(policy):
-    metrics, unchanged = run_update(policy, [], minibatches=3)
+    metrics, unchanged = run_update(policy, [], minibatch_steps=1)
     assert metrics["optimizer_steps"] == 0 and metrics["skipped_updates"] == 0 and unchanged
 
 
@@ -141,7 +141,7 @@ def test_one_webshop_iteration_with_gigpo_step_credit(tmp_path):
         "--model.name_or_path=smollm2-135m-instruct", "--model.dtype=float32", "--model.lora_rank=4",
         "--model.lora_alpha=8", "--model.lora_targets=[q_proj, v_proj]", "--model.gradient_checkpointing=false",
         f"--output_dir={tmp_path}", "--train.iterations=1", "--train.eval_every=0", "--train.torch_threads=1",
-        "--train.minibatches=1", "--train.tensorboard=false", "--rollout.tasks_per_iteration=1",
+        "--train.minibatch_steps=10000", "--train.tensorboard=false", "--rollout.tasks_per_iteration=1",
         "--rollout.group_size=3", "--rollout.max_action_tokens=24", "--env.webshop.max_steps=2",
         "--loss.advantage=gigpo", "--loss.gigpo_weight=1.0", "--loss.gigpo_gamma=0.95"])
     train(cfg)

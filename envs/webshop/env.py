@@ -14,7 +14,8 @@ Maps to docs/webshop.md §7 (verl-agent / EMPO² setup; the EMPO² paper's WebSh
       reward_mode="score"   -> 100 x task reward (0..100, the same scale as ScienceWorld's score)
       reward_mode="success" -> 10 x (task reward == 1.0) (verl-agent's binary reward)
     info["score"] = 100 x task reward of the purchase (0 before buying), info["success"] =
-    (task reward == 1.0), info["truncated"] = max_steps reached without buying.
+    (task reward == 1.0), info["truncated"] = max_steps reached without buying, info["penalty"] = the
+    invalid-action penalty of this step (0.0 when well-formed; already in the returned reward).
   * prompts: `window_prompt(k)` renders the paper's template with the last k (observation, action)
     pairs; with no history (step 0, or k = 0) it renders verl-agent's no-history variant (the same
     text without the history sentences); longer than `max_prompt_chars` -> no-history variant.
@@ -26,6 +27,9 @@ Maps to docs/webshop.md §7 (verl-agent / EMPO² setup; the EMPO² paper's WebSh
     verl-agent's WebshopEnvironmentManager writes "[Observation n: '<obs>', Action n: '<act>']".
   * admissible actions: "search[<your query>]" with a search bar, then "click[x]" for every
     clickable in page order, click[search] included (verl-agent's format_avail_actions).
+  * `anchor_state()`: the current page as shown (without the instruction) - verl-agent's GiGPO
+    anchor (WebshopEnvironmentManager's format_obs), so the start page and a revisited search page
+    are the same anchor state.
 """
 from __future__ import annotations
 
@@ -120,7 +124,7 @@ class WebShopEnv(Env):
         if self.task is None:
             raise RuntimeError("call reset(task) before step()")
         if self.finished:
-            return self._step_message(), 0.0, True, dict(self._last_info, env_error="")
+            return self._step_message(), 0.0, True, dict(self._last_info, env_error="", penalty=0.0)
         parsed, well_formed = parse_model_output(action, self.config.require_think)
         shown = self.current_observation()
         legal = False
@@ -160,6 +164,10 @@ class WebShopEnv(Env):
                 + tail)
         return full if len(full) <= self.config.max_prompt_chars else short
 
+    def anchor_state(self) -> str:
+        """The page before the next action without the instruction (what the model sees as its observation)."""
+        return self.current_observation()
+
     def close(self) -> None:
         self.task = None
 
@@ -186,6 +194,7 @@ class WebShopEnv(Env):
             "action": action,
             "admissible_actions": self.admissible_actions(),
             "well_formed": well_formed,
+            "penalty": 0.0 if well_formed else self.config.invalid_action_penalty,
             "legal": legal,
             "task_reward": task_reward,
             "reward_info": dict(self.engine.reward_info),

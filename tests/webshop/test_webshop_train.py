@@ -18,7 +18,7 @@ def test_one_webshop_iteration(tmp_path):
 
     cfg = load_config(str(CONFIG), TINY_MODEL + [
         f"--output_dir={tmp_path}", "--train.iterations=1", "--train.eval_every=0", "--train.torch_threads=1",
-        "--train.minibatches=1", "--train.micro_batch_size=1", "--train.tensorboard=false",
+        "--train.minibatch_steps=10000", "--train.micro_batch_size=1", "--train.tensorboard=false",
         "--rollout.tasks_per_iteration=1", "--rollout.group_size=2", "--rollout.max_action_tokens=24",
         "--rollout.tip_max_tokens=16", "--env.webshop.max_steps=2",
         "--memory.p_no_memory=0", "--memory.p_on_policy_tips=0", "--memory.p_off_policy=1",
