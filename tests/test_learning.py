@@ -22,7 +22,8 @@ from envs.base import Env, Task
 from losses import group_advantages, sequence_action_logprobs
 from memory import TipEntry, TipMemory, tip_block
 from models import load_policy
-from rollout import ChatStream, Episode, build_samples, run_episodes
+from rollout import ChatStream, Episode, run_episodes
+from samples import build_samples
 
 pytestmark = pytest.mark.slow
 

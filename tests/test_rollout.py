@@ -16,8 +16,9 @@ from config import IntrinsicConfig, MemoryConfig, RolloutConfig
 from envs.base import Task
 from losses import clipped_policy_loss, compute_old_logprobs, sequence_action_logprobs
 from memory import TipEntry, TipMemory, tip_block
-from rollout import (ChatStream, ContextBudgetError, Episode, Sample, advantage_return, build_samples, draw_mode,
-                     clean_tip, generate_actions, intrinsic_return, pay_novelty, per_step_samples, run_episodes,
+from samples import Sample, build_samples, per_step_samples
+from rollout import (ChatStream, ContextBudgetError, Episode, advantage_return, draw_mode,
+                     clean_tip, generate_actions, intrinsic_return, pay_novelty, run_episodes,
                      write_tips)
 
 from chat_reference import QWEN25_SYSTEM, first_difference, render_episode
