@@ -17,7 +17,6 @@ Paper map (arXiv 2602.23008; the equations are written out in docs/algorithm.md)
                           episode (`"episode"`, GiGPO Eq. 3). Step level: rows of a group with the same anchor
                           state (the page without the task text, `Env.anchor_state()`) compared by their
                           discounted return G_it - p_it. The invalid-action penalty p_it hits its own row only.
-* `loss_weights`        - the weight of every action token (per step by default, see Aggregation below).
 * `clipped_policy_loss` - Eq. 1 with the reference's clip values: ratio = exp(logp - old_logp), asymmetric clip
                           [1 - 0.2, 1 + 0.3], dual clip c = 10 for negative advantages; Eq. 2's low-probability
                           token mask (drop tokens whose current probability is below delta, log delta = -5) for
