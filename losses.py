@@ -29,9 +29,7 @@ Paper map (arXiv 2602.23008; the equations are written out in docs/algorithm.md)
                           and the objective of a micro-batch of samples;
                           `length_buckets` forms micro-batches of similar length so little compute goes to padding.
 
-Which context and which old log-prob the caller passes decides the mode (docs/algorithm.md, paper Table 3):
-on-policy -> both with the rollout prompt; off-policy -> numerator on the tip-free twin sequence, denominator
-on the tip sequence ("with_tips", Table 3, default) or on the twin ("without_tips", Algorithm 1).
+Contexts per mode: samples.py; docs/algorithm.md (paper Table 3).
 
 Aggregation (`loss.aggregation`, `loss_weights`): every action token carries a weight w and a mini-batch's loss is
 sum(w * keep * l) / sum(w) over the whole mini-batch on all ranks. The default "step" is the reference's: w =
@@ -40,10 +38,6 @@ sum(w * keep * l) / sum(w) over the whole mini-batch on all ranks. The default "
 sequence for speed, yet each of its steps weighs exactly what its own step sample would (docs/decisions.md, "Loss weights").
 The low-probability indicator of Eq. 2 multiplies the term; the 1/len normaliser stays. "episode" (each episode
 weighs 1) and "token" (each token weighs 1) are ablations.
-
-Degenerate groups: if all returns in a group are equal (std = 0) every advantage is 0 (no signal, no NaN); a group
-of one episode gets advantage 0 (there is no baseline; the reference would use the raw return). GiGPO's pools and
-anchor groups follow the same rule (`pool_normalise`: exactly 0.0, so `steps_with_anchor_credit` counts real credit).
 """
 from __future__ import annotations
 
