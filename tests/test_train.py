@@ -51,7 +51,9 @@ def test_two_iterations_train_and_write_everything(two_iterations):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [1, 2] and all(r["mode"] == "off_policy" for r in rows)
     assert METRIC_KEYS <= set(rows[0]), METRIC_KEYS - set(rows[0])
-    assert "val_return_mean" in rows[1] and rows[1]["optimizer_steps"] == 2
+    assert "val_return_mean" in rows[1]
+    # One optimiser step per mini-batch of ~4 environment steps (train.minibatch_steps=4), at least one.
+    assert all(r["optimizer_steps"] == max(1, round(r["train_steps"] / 4)) for r in rows), rows
     assert rows[1]["memory_size"] > 0 and rows[1]["tips_retrieved"] > 0  # iteration 2 saw iteration 1's tips
     assert (out / "metrics.png").stat().st_size > 0 and any((out / "tb").iterdir())
     # LoRA B matrices start at zero; after the updates they are not.
