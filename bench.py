@@ -11,8 +11,11 @@ On the configured environment and model (the quickstart: ScienceWorld find-livin
       the padding fraction of micro-batches in arrival order vs length-bucketed;
   (d) environment, tip-writing and memory time as shares of one iteration (rollout + tips + update);
   (e) prefill throughput (first turns cut to their last `--prefill_tokens` tokens) as a fraction of this
-      machine's measured matmul ceiling, in fp32 and bf16.
-`--parts` picks a subset (e.g. --parts=e); the results in results/bench/ say which run printed what.
+      machine's measured matmul ceiling, in fp32 and bf16;
+  (f) one training iteration per mode (rollout, tips, old log-probs, update as train.py runs them, from the same
+      weights and a memory filled by one no-memory iteration): seconds per part, each memory mode's ratio to the
+      no-memory iteration, and the positions through the old-log-prob and the update forwards.
+`--parts` picks a subset (e.g. --parts=f); the results in results/bench/ say which run printed what.
 Prefill positions are counted by a forward hook: every position of a forward call with more than one input
 token (padding included, since it costs the same compute).
 """
@@ -156,7 +159,7 @@ def prefill_rate(model, contexts, pad_id) -> float:
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    options = {"repeats": 2, "long_turns": 10, "parts": "abcde", "prefill_tokens": 256}
+    options = {"repeats": 2, "long_turns": 10, "parts": "abcdef", "prefill_tokens": 256}
     rest = []
     for arg in argv:
         key = arg[2:].split("=", 1)[0]
@@ -207,6 +210,11 @@ def main(argv=None):
         iteration_parts(model, chat, envs, tasks, cfg, long_cfg)
     for env in envs:
         env.close()
+    if "f" in parts:  # one iteration per mode at the config's shape
+        envs = [make_env(cfg.env) for _ in range(n)]
+        per_mode_iterations(model, chat, envs, tasks, cfg)
+        for env in envs:
+            env.close()
 
     if "e" in parts:  # prefill throughput against the matmul ceiling, fp32 and bf16
         params = sum(p.numel() for p in model.parameters())
@@ -256,6 +264,67 @@ def iteration_parts(model, chat, envs, tasks, cfg, long_cfg) -> None:
     print(f"(d) one iteration ({iteration:.1f} s: rollout {rollout_wall:.1f}, tips {tips_wall:.1f}, update "
           f"{packed_wall:.1f}): environment {env_timer.seconds / iteration:.1%}, tip writing "
           f"{tips_wall / iteration:.1%}, memory {memory_timer.seconds / iteration:.1%}")
+
+
+def mode_iteration(model, chat, envs, tasks, cfg, mode, memory, optimizer, accelerator, seed) -> dict:
+    """One iteration as train.py runs it: rollout, tips, advantages, samples, old log-probs, update (seconds each)."""
+    from train import update
+
+    seeds = [seed * 1000 + j for j in range(len(tasks))]
+    model.eval()
+    t0 = time.perf_counter()
+    episodes = run_episodes(model, chat, envs, tasks, [t.variation for t in tasks], mode=mode, memory=memory,
+                            cfg=cfg.rollout, intrinsic=cfg.intrinsic, keep_caches=True, seeds=seeds)
+    t1 = time.perf_counter()
+    write_tips(model, chat, episodes, memory, cfg.rollout)
+    memory.sync()
+    t2 = time.perf_counter()
+    advantages = group_advantages([ep.extrinsic_return for ep in episodes], [ep.group for ep in episodes])
+    advantages = [a if a else 1.0 for a in advantages]  # a non-zero loss even when every return is equal
+    samples = build_samples(episodes, advantages, off_policy_old_logp=cfg.loss.off_policy_old_logp,
+                            aggregation=cfg.loss.aggregation, old_logp_source=cfg.loss.old_logp_source,
+                            branch_packing=cfg.train.branch_packing)
+    recompute_tokens = sum(len(ids) for s in samples for ids, _ in s.old_sequences())  # "recompute" would encode
+    _, old_tokens = compute_old_logprobs(model, samples, chat.pad_id, "cpu", cfg.train.micro_batch_size)
+    t3 = time.perf_counter()
+    metrics = update(model, optimizer, samples, cfg, accelerator, mode, chat.pad_id, random.Random(seed))
+    t4 = time.perf_counter()
+    return {"rollout": t1 - t0, "tips": t2 - t1, "old_logp": t3 - t2, "update": t4 - t3, "total": t4 - t0,
+            "old_tokens": old_tokens, "recompute_tokens": recompute_tokens, "update_tokens": sum(len(s.ids) for s in
+            samples), "samples": len(samples), "steps": sum(s.steps for s in samples),
+            "tips_shown": sum(map(sum, (ep.tips_retrieved for ep in episodes))), "loss": metrics["loss"]}
+
+
+def per_mode_iterations(model, chat, envs, tasks, cfg) -> dict:
+    """(f) one iteration per mode from the same weights and the same memory (filled by a no-memory iteration)."""
+    from runtime import make_accelerator
+
+    accelerator = make_accelerator()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.train.lr)
+    start = [p.detach().clone() for p in params]
+    memory = TipMemory(cfg.memory.capacity, cfg.memory.top_k, make_scorer(cfg.memory.similarity),
+                       cfg.memory.similarity_threshold)
+    mode_iteration(model, chat, envs, tasks, cfg, "no_memory", memory, optimizer, accelerator, seed=0)  # warm-up
+    frozen = memory.state_dict()
+    rows = {}
+    for mode in ("no_memory", "off_policy", "on_policy_tips"):
+        with torch.no_grad():  # every mode from the same weights and the same memory
+            for p, p0 in zip(params, start):
+                p.copy_(p0)
+        optimizer = torch.optim.AdamW(params, lr=cfg.train.lr)
+        memory.load_state_dict(frozen)
+        rows[mode] = mode_iteration(model, chat, envs, tasks, cfg, mode, memory, optimizer, accelerator, seed=1)
+    base = rows["no_memory"]["total"]
+    print(f"(f) one iteration per mode, {len(tasks)} episodes, loss.old_logp_source={cfg.loss.old_logp_source}, "
+          f"tip_placement={cfg.rollout.tip_placement}")
+    print("    mode            rollout   tips  old-logp  update   total  x no-memory  old-logp tokens (recompute)  "
+          "update tokens  samples  tips shown")
+    for mode, r in rows.items():
+        print(f"    {mode:<15} {r['rollout']:7.1f} {r['tips']:6.1f} {r['old_logp']:9.1f} {r['update']:7.1f} "
+              f"{r['total']:7.1f} {r['total'] / base:11.2f}  {r['old_tokens']:>15} ({r['recompute_tokens']:>9})  "
+              f"{r['update_tokens']:>13}  {r['samples']:>7}  {r['tips_shown']:>10}")
+    return rows
 
 
 if __name__ == "__main__":

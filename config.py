@@ -144,6 +144,10 @@ class LossConfig:
     # Off-policy old log-prob context: "with_tips" (paper Table 3, reference release) or
     # "without_tips" (paper Algorithm 1 line 27).
     off_policy_old_logp: str = "with_tips"
+    # Where the old log-probs come from: "rollout" = recorded while sampling (log softmax of the logits the token was
+    # drawn from, the same pi the loss scores), a forward only for contexts never sampled in ("without_tips");
+    # "recompute" = one no-grad forward over every sample after the rollout (the peers' way).
+    old_logp_source: str = "rollout"
     # Low-probability mask: "token" (paper Eq. 2), "sequence" (reference variant), "none".
     lowprob_mask: str = "token"
     lowprob_logp_threshold: float = -5.0  # log delta of the low-probability mask (paper Eq. 2)
@@ -177,6 +181,9 @@ class TrainConfig:
     # ppo_mini_batch_size x rollout.n).
     minibatch_steps: int = 128
     micro_batch_size: int = 1  # sequences per forward/backward
+    # Score a current-turn on-policy episode's per-step contexts as branches of ONE sequence (samples.branched_sample;
+    # same loss and gradient, a fraction of the tokens); needs sdpa or eager attention. false: one sample per step.
+    branch_packing: bool = True
     eval_every: int = 20  # 0 = never
     eval_tasks: int = 0  # 0 = all test tasks; n = the first n
     eval_episodes_per_task: int = 1  # validation episodes per test task (more = a less noisy curve)
@@ -210,6 +217,7 @@ class Config:
             raise ConfigError(f"memory.p_* must be >= 0 and sum to 1, got {probs}")
         choices = {
             "loss.off_policy_old_logp": (self.loss.off_policy_old_logp, {"with_tips", "without_tips"}),
+            "loss.old_logp_source": (self.loss.old_logp_source, {"rollout", "recompute"}),
             "loss.lowprob_mask": (self.loss.lowprob_mask, {"token", "sequence", "none"}),
             "memory.similarity": (self.memory.similarity, {"none", "jaccard", "embedding"}),
             "intrinsic.aggregate": (self.intrinsic.aggregate, {"mean", "sum"}),

@@ -87,13 +87,28 @@ class RowSampler:
     """A logits processor that samples every row from its own seeded torch.Generator (temperature and top-p applied
     here) and returns logits that allow only the chosen token, which greedy decoding then takes. So a row's tokens
     depend on its seed and its own logits only: not on the other rows of the batch, the batch size, or what was
-    sampled before from torch's global stream (which it leaves untouched)."""
+    sampled before from torch's global stream (which it leaves untouched). temperature 0: the argmax (greedy).
 
-    def __init__(self, seeds: list[int], temperature: float, top_p: float):
-        self.generators = [torch.Generator().manual_seed(int(seed)) for seed in seeds]
+    record=True also keeps, per call, log softmax(logits)[chosen]: the log-prob of the sampled token under the
+    model's own (untempered, unfiltered) distribution, the pi the loss scores. At temperature 1 and top-p 1 that is
+    the distribution the token was drawn from; otherwise it is still what a recomputing forward would give."""
+
+    def __init__(self, seeds: list[int] | None, temperature: float, top_p: float, record: bool = False):
+        self.generators = [torch.Generator().manual_seed(int(seed)) for seed in seeds] if temperature > 0 else []
         self.temperature, self.top_p = temperature, top_p
+        self.recorded: list[torch.Tensor] | None = [] if record else None  # one [B] tensor per call, on the device
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.temperature > 0:
+            chosen = self._draw(scores)
+        else:
+            chosen = scores.argmax(-1, keepdim=True)  # the first maximum, as greedy `generate` takes it
+        if self.recorded is not None:  # [B, V] -> [B]; no host sync here (read once after the call)
+            self.recorded.append(torch.log_softmax(scores.float(), -1).gather(-1, chosen).squeeze(-1))
+        return torch.full_like(scores, float("-inf")).scatter(-1, chosen, 0.0)
+
+    def _draw(self, scores: torch.Tensor) -> torch.Tensor:
+        """[B, V] logits -> [B, 1] the token each row's own generator draws from softmax(scores / T), top-p."""
         probs = torch.softmax(scores.float() / self.temperature, dim=-1)  # [B, V]
         if self.top_p < 1.0:  # keep the smallest set of most likely tokens whose mass reaches top_p
             sorted_probs, order = probs.sort(dim=-1, descending=True)
@@ -104,7 +119,39 @@ class RowSampler:
         chosen = torch.searchsorted(cdf, (uniform * cdf[:, -1]).unsqueeze(-1), right=True)
         # u * total rounds up to total once in ~1e7 draws: stay on the last token that has probability
         last = probs.shape[-1] - 1 - (probs.flip(-1) > 0).to(torch.int64).argmax(-1, keepdim=True)
-        return torch.full_like(scores, float("-inf")).scatter(-1, torch.minimum(chosen, last), 0.0)
+        return torch.minimum(chosen, last)
+
+    def logprobs(self, rows: list[list[int]]) -> list[list[float]]:
+        """The recorded log-probs of each row's kept tokens (rows: the generated rows as cut by `cut_at_eos`)."""
+        table = torch.stack(self.recorded, 1).cpu().tolist() if self.recorded else [[] for _ in rows]  # [B, calls]
+        return [values[: len(row)] for values, row in zip(table, rows)]
+
+
+class FirstLineStop:
+    """A `transformers.StoppingCriteria` that ends a row at the first newline after some text: only a tip's first
+    line is kept (rollout.clean_tip), so decoding the rest of a paragraph is wasted. `lengths[i]`: how many tokens
+    row i keeps (0: not stopped here; HF pads a stopped row afterwards, `generate` cuts it)."""
+
+    def __init__(self, token_texts: list[str]):
+        # Per vocabulary id: has a newline / has text before its first newline / is blank (whitespace, special).
+        self.newline = {i for i, t in enumerate(token_texts) if "\n" in t}
+        self.text_first = {i for i in self.newline if token_texts[i].split("\n", 1)[0].strip()}
+        self.blank = {i for i, t in enumerate(token_texts) if not t.strip().strip('"').strip()}  # as clean_tip
+        self.reset(0)
+
+    def reset(self, rows: int) -> None:
+        self.lengths, self.seen_text, self.calls = [0] * rows, [False] * rows, 0
+
+    def __call__(self, input_ids: torch.Tensor, scores=None, **kwargs) -> torch.Tensor:
+        self.calls += 1
+        for row, token in enumerate(input_ids[:, -1].tolist()):  # the token just generated, per row
+            if self.lengths[row]:
+                continue
+            if token in self.newline and (self.seen_text[row] or token in self.text_first):
+                self.lengths[row] = self.calls
+            elif token not in self.blank:
+                self.seen_text[row] = True
+        return torch.tensor([n > 0 for n in self.lengths], dtype=torch.bool, device=input_ids.device)
 
 
 def cut_at_eos(row: list[int], eos_id: int | list[int]) -> list[int]:
@@ -184,7 +231,8 @@ def prefill(model, contexts: list[list[int]], pad_id: int, batch_size: int = 0) 
 @torch.no_grad()
 def generate(model, pad_id: int, eos_id: int, contexts: list[list[int]], *, max_new_tokens: int,
              temperature: float, top_p: float = 1.0, batch_size: int = 0,
-             caches: list[PrefixCache | None] | None = None, seeds: list[int] | None = None) -> list[list[int]]:
+             caches: list[PrefixCache | None] | None = None, seeds: list[int] | None = None,
+             logprobs: list | None = None, keep_caches: bool = True, stop=None) -> list[list[int]]:
     """Sample a continuation of every context (cut after its first eos, kept), batched `batch_size` at a time.
     A row stops at `eos_id` or at any eos id of the model's generation config (`stop_ids`). seeds: one per context;
     row i then samples from its own generator seeded with seeds[i] (`RowSampler`) instead of torch's global stream.
@@ -193,54 +241,70 @@ def generate(model, pad_id: int, eos_id: int, contexts: list[list[int]], *, max_
     for nothing cached yet): each row reuses its cache's common prefix with its context, and on return
     caches[i] holds context i + its continuation (all but a last token that was sampled and never fed). The list
     is emptied while the batch runs, so the caller should hold no other reference to the rows' caches: then
-    peak memory is the batched cache plus, briefly, its per-row copies.
+    peak memory is the batched cache plus, briefly, its per-row copies. keep_caches=False: the batch's cache is
+    dropped instead of split back per row (the caller has no further turn: a tip), caches[i] stays None.
+
+    logprobs: a list to fill with one entry per context: the log-probs of its output tokens under the model
+    (`RowSampler(record=True)`), or None where they were not recorded (seedless sampling at temperature > 0, whose
+    tokens HF's own sampler draws). stop: an extra `transformers.StoppingCriteria` (e.g. `FirstLineStop`).
     """
+    from transformers import LogitsProcessorList, StoppingCriteriaList
+
     outputs: list[list[int]] = []
     step = batch_size if batch_size > 0 else max(1, len(contexts))
     device = next(model.parameters()).device
-    sampling = sampling_kwargs(temperature, top_p)
     eos_ids = stop_ids(model, eos_id)
+    own_sampler = (seeds is not None and temperature > 0) or (logprobs is not None and temperature <= 0)
+    stopping = dict(stopping_criteria=StoppingCriteriaList([stop])) if stop is not None else {}
     # synced_gpus=False: transformers turns it on for an FSDP-wrapped model (every rank then keeps stepping until all
     # are done, one all-reduce per token). Our FSDP generation runs inside runtime.full_weights (whole layers, no
     # collectives), where ranks generate independently and a synced rank would wait forever for the others.
     for start in range(0, len(contexts), step):
         chunk = contexts[start : start + step]
-        if seeds is not None and temperature > 0:
-            from transformers import LogitsProcessorList
-
-            sampler = RowSampler(seeds[start : start + step], temperature, top_p)
+        sampler, sampling = None, sampling_kwargs(temperature, top_p)
+        if own_sampler:
+            sampler = RowSampler(seeds[start : start + step] if seeds is not None else None, temperature, top_p,
+                                 record=logprobs is not None)
             sampling = dict(sampling_kwargs(0.0, 1.0), logits_processor=LogitsProcessorList([sampler]))
+        if stop is not None:
+            stop.reset(len(chunk))
         if caches is None:
             ids, mask = left_pad(chunk, pad_id)
             generated = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
                                        max_new_tokens=max_new_tokens, pad_token_id=pad_id, eos_token_id=eos_ids,
-                                       synced_gpus=False, **sampling)[:, ids.shape[1] :].tolist()
-            outputs += [cut_at_eos(row, eos_ids) for row in generated]
-            continue
-        chunk_caches = caches[start : start + step]
-        # At least one token per row must be fed: `generate` samples from the logits of the last input.
-        reuse = [min(c.reusable(ctx), len(ctx) - 1) if c is not None else 0 for c, ctx in zip(chunk_caches, chunk)]
-        width = max(reuse)
-        cache = batched_cache(chunk_caches, reuse, width)
-        del chunk_caches
-        caches[start : start + step] = [None] * len(chunk)  # the batch holds the keys/values now: free the rows
-        _, cached_mask = left_pad([[0] * n for n in reuse], pad_id, width)
-        new_ids, new_mask = left_pad([ctx[n:] for ctx, n in zip(chunk, reuse)], pad_id)
-        # Only the new tokens go in as input_ids; the mask spans cache + new tokens, so `generate` feeds them all.
-        sequences = model.generate(input_ids=new_ids.to(device),
-                                   attention_mask=torch.cat([cached_mask, new_mask], 1).to(device), cache=cache,
-                                   use_cache=True, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
-                                   eos_token_id=eos_ids, synced_gpus=False, **sampling)
-        generated = sequences[:, new_ids.shape[1] :].tolist()
-        actions = [cut_at_eos(row, eos_ids) for row in generated]
+                                       synced_gpus=False, **sampling, **stopping)[:, ids.shape[1] :].tolist()
+            actions = [cut_at_eos(row, eos_ids) for row in generated]
+        else:
+            chunk_caches = caches[start : start + step]
+            # At least one token per row must be fed: `generate` samples from the logits of the last input.
+            reuse = [min(c.reusable(ctx), len(ctx) - 1) if c is not None else 0 for c, ctx in zip(chunk_caches, chunk)]
+            width = max(reuse)
+            cache = batched_cache(chunk_caches, reuse, width)
+            del chunk_caches
+            caches[start : start + step] = [None] * len(chunk)  # the batch holds the keys/values now: free the rows
+            _, cached_mask = left_pad([[0] * n for n in reuse], pad_id, width)
+            new_ids, new_mask = left_pad([ctx[n:] for ctx, n in zip(chunk, reuse)], pad_id)
+            # Only the new tokens go in as input_ids; the mask spans cache + new tokens, so `generate` feeds them all.
+            sequences = model.generate(input_ids=new_ids.to(device),
+                                       attention_mask=torch.cat([cached_mask, new_mask], 1).to(device), cache=cache,
+                                       use_cache=True, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
+                                       eos_token_id=eos_ids, synced_gpus=False, **sampling, **stopping)
+            generated = sequences[:, new_ids.shape[1] :].tolist()
+            actions = [cut_at_eos(row, eos_ids) for row in generated]
+            if keep_caches:
+                # The cache holds every fed position: cached + new + all generated tokens but the last one.
+                length = len(generated[0])  # new tokens of the longest row; the last one was never fed
+                fed = [a[: length - 1] for a in actions]
+                generated_valid = torch.tensor([[1] * len(a) + [0] * (length - 1 - len(a)) for a in fed],
+                                               dtype=torch.long).reshape(len(chunk), length - 1)
+                valid = torch.cat([cached_mask, new_mask, generated_valid], 1)
+                caches[start : start + step] = split_cache(cache, valid, [ctx + a for ctx, a in zip(chunk, fed)])
+            del cache
+        if stop is not None and getattr(stop, "lengths", None):
+            actions = [a[:n] if n else a for a, n in zip(actions, stop.lengths)]
         outputs += actions
-        # The cache now holds every fed position: cached + new + all generated tokens but the last one.
-        length = len(generated[0])  # new tokens of the longest row; the last one was never fed
-        fed = [a[: length - 1] for a in actions]
-        generated_valid = torch.tensor([[1] * len(a) + [0] * (length - 1 - len(a)) for a in fed], dtype=torch.long
-                                       ).reshape(len(chunk), length - 1)
-        valid = torch.cat([cached_mask, new_mask, generated_valid], 1)
-        caches[start : start + step] = split_cache(cache, valid, [ctx + a for ctx, a in zip(chunk, fed)])
+        if logprobs is not None:
+            logprobs += sampler.logprobs(actions) if sampler is not None else [None] * len(chunk)
     return outputs
 
 
@@ -285,6 +349,13 @@ class ChatStream:
         if self.closes_with_eos:
             after_action = after_action[len(eos_text) :]
         self._next_prefix, self._next_suffix = after_action.split(self._USER2)
+        self._first_line: FirstLineStop | None = None
+
+    def first_line_stop(self) -> FirstLineStop:
+        """The tip's stopping criterion, built once from every token's text (~1 s per 50k-token vocabulary)."""
+        if self._first_line is None:
+            self._first_line = FirstLineStop(self.tokenizer.batch_decode([[i] for i in range(len(self.tokenizer))]))
+        return self._first_line
 
     def _render(self, messages: list[dict], generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)

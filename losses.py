@@ -44,6 +44,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from branches import branch_inputs
+
 
 def pool_normalise(values: torch.Tensor, pool: torch.Tensor, eps: float = 1e-6, divide_std: bool = True
                    ) -> torch.Tensor:
@@ -336,8 +338,8 @@ def clipped_policy_loss(
 # ----------------------------------------------------------------------------- forward passes over samples
 
 
-def sequence_action_logprobs(model, seqs: list[list[int]], masks: list[list[int]], pad_id: int, device
-                             ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def sequence_action_logprobs(model, seqs: list[list[int]], masks: list[list[int]], pad_id: int, device,
+                             layouts: list | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Log-probs (and entropies) of the action tokens of each sequence, in ONE forward pass (right padding).
 
     seqs[i]: token ids; masks[i]: 1 on action tokens. The decoder runs once over the padded [B, W] batch; the LM
@@ -348,8 +350,7 @@ def sequence_action_logprobs(model, seqs: list[list[int]], masks: list[list[int]
     autocast and FSDP (the LM head belongs to the root unit) see an ordinary forward. Log-probs are fp32 and
     carry the gradient; the entropies are a metric without grad (`action_logprobs`).
     Returns ([n_actions_i] log-probs per sequence, [n_actions_i] entropies per sequence); a first token marked
-    as an action is not scored (nothing predicts it).
-    """
+    as an action is not scored (nothing predicts it). layouts[i]: a branches.BranchPacked (None: plain causal)."""
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     attention = torch.zeros((len(seqs), width), dtype=torch.long)
@@ -361,10 +362,12 @@ def sequence_action_logprobs(model, seqs: list[list[int]], masks: list[list[int]
     predicts = action_predictors(action)
     targets = ids[:, 1:][predicts[:, :-1]]  # [N] the token each kept position predicts, in the same row-major order
     counts = predicts.sum(-1).tolist()
-    ids, attention = ids.to(device), attention.to(device)
+    inputs = dict(attention_mask=attention.to(device))
+    if layouts is not None and any(layout is not None for layout in layouts):  # positions, 4-D mask (branches.py)
+        inputs = branch_inputs(model, seqs, layouts, width, device)
     # As `action_logprobs`, but no name holds the head's output: it is freed once its fp32 log-softmax exists.
-    log_probs = F.log_softmax(model(input_ids=ids, attention_mask=attention, logits_to_keep=predicts.to(device),
-                                    use_cache=False).logits, dim=-1, dtype=torch.float32)  # [N, V]
+    log_probs = F.log_softmax(model(input_ids=ids.to(device), logits_to_keep=predicts.to(device), use_cache=False,
+                                    **inputs).logits, dim=-1, dtype=torch.float32)  # [N, V]
     if log_probs.shape[:-1] != (sum(counts),):
         raise RuntimeError(f"the model returned logits of shape {tuple(log_probs.shape)} for a boolean [B, W] "
                            f"logits_to_keep with {sum(counts)} True entries; sequence_action_logprobs needs a "
@@ -396,11 +399,15 @@ def padded_tokens(lengths: list[int], micro_batches: list[list[int]]) -> tuple[i
 
 @torch.no_grad()
 def compute_old_logprobs(model, samples, pad_id: int, device, micro_batch_size: int) -> tuple[int, int]:
-    """Fill `sample.old_logp` (the ratio's denominator) for every sample, in the sample's old context(s).
+    """Fill `sample.old_logp` (the ratio's denominator), in the sample's old context(s), for every sample that has
+    none yet (samples.build_samples gives most samples the log-probs recorded while sampling).
     Returns (pad positions, all positions) of its forward passes."""
     model.eval()
     # One forward unit per old context: (sample index, part index, ids, mask); most samples have one part.
-    units = [(i, k, ids, mask) for i, s in enumerate(samples) for k, (ids, mask) in enumerate(s.old_sequences())]
+    units = [(i, k, ids, mask) for i, s in enumerate(samples) if not s.old_logp
+             for k, (ids, mask) in enumerate(s.old_sequences())]
+    if not units:
+        return 0, 0
     lengths = [len(u[2]) for u in units]
     buckets = length_buckets(lengths, micro_batch_size)
     parts: list[dict[int, list[float]]] = [{} for _ in samples]
@@ -410,7 +417,8 @@ def compute_old_logprobs(model, samples, pad_id: int, device, micro_batch_size: 
         for (i, k, _, _), logp in zip(micro, logps):
             parts[i][k] = logp.float().cpu().tolist()
     for sample, part in zip(samples, parts):
-        sample.old_logp = [value for k in sorted(part) for value in part[k]]
+        if part:
+            sample.old_logp = [value for k in sorted(part) for value in part[k]]
     return padded_tokens(lengths, buckets)
 
 
@@ -428,7 +436,7 @@ def samples_loss(model, micro, pad_id: int, device, loss_cfg, lowprob_mask: str,
     loss_cfg: config.LossConfig (clip values, low-probability threshold); lowprob_mask: the mask for this
     iteration's mode ("none" unless the mode is in `loss.lowprob_mask_modes`)."""
     logps, entropies = sequence_action_logprobs(model, [s.ids for s in micro], [s.mask for s in micro], pad_id,
-                                                device)
+                                                device, [s.branches for s in micro])
     return clipped_policy_loss(
         pad_rows(logps, device),  # [S, T]
         pad_rows([torch.tensor(s.old_logp) for s in micro], device),

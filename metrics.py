@@ -68,7 +68,8 @@ def episode_metrics(episodes: list[EpisodeStats], memory=None) -> dict:
 
 
 # Update statistics that are counts (summed over ranks) and ones that are equal on all ranks or maxima.
-SUMMED_KEYS = ("samples", "train_steps", "action_tokens", "loss")  # loss: each rank holds its part of the mean
+# loss: each rank holds its part of the mean; old_logp_tokens: its own forward positions
+SUMMED_KEYS = ("samples", "train_steps", "action_tokens", "loss", "old_logp_tokens")
 MAX_KEYS = ("ratio_max", "optimizer_steps", "skipped_updates")  # optimiser steps are global: equal on all ranks
 
 

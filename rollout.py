@@ -66,6 +66,7 @@ class StepPrompt:
     ids: list[int]
     twin_ids: list[int]
     action_ids: list[int]
+    action_logp: list[float] | None = None  # log pi(action token | ids) recorded while sampling (None: not recorded)
 
 
 @dataclass
@@ -92,6 +93,9 @@ class Episode:
     anchors: list[str] = field(default_factory=list)  # GiGPO anchor before each action: env.anchor_state() or the obs
     penalties: list[float] = field(default_factory=list)  # invalid-action penalty per step (info["penalty"]; in rewards)
     corrected: list[bool] = field(default_factory=list)  # the env had to correct the action, or penalised it
+    # Per step: log pi of each action token in the context it was sampled in (generation.RowSampler), None where
+    # not recorded; the old log-probs of every sample trained in that context (samples.py), without a second forward.
+    action_logps: list[list[float] | None] = field(default_factory=list)
     tips_retrieved: list[int] = field(default_factory=list)
     tips_shown: list[str] = field(default_factory=list)  # the tip block of each step's prompt ('' = none)
     final_observation: str = ""
@@ -121,10 +125,12 @@ class Episode:
             ids = twin_ids  # the packed stream keeps no tips
         self.extend(ids, twin_ids, action=False)
 
-    def add_action(self, action_ids: list[int]) -> None:
-        """Record the generated action ids of the current step (the same ids in both streams)."""
+    def add_action(self, action_ids: list[int], logp: list[float] | None = None) -> None:
+        """Record the generated action ids of the current step (the same ids in both streams) and, if recorded,
+        their log-probs in the context they were sampled in."""
+        self.action_logps.append(logp)
         if self.steps:
-            self.steps[-1].action_ids = action_ids
+            self.steps[-1].action_ids, self.steps[-1].action_logp = action_ids, logp
         if self.layout != "window":
             self.extend(action_ids, action_ids, action=True)
         self.last_action_ids = action_ids
@@ -311,13 +317,15 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
             live_caches = [caches[i] for i in live]
             for i in live:
                 caches[i] = None  # generate() frees each row's copy once the batch holds it
+        logps: list = []  # behaviour log-probs of every sampled token: the update's old log-probs (samples.py)
         actions = generate_actions(model, chat, contexts, live_caches, max_new_tokens=cfg.max_action_tokens,
                                    temperature=temperature, top_p=cfg.top_p, batch_size=cfg.generation_batch_size,
-                                   seeds=row_seeds([episodes[i] for i in live], "step", step))
+                                   seeds=row_seeds([episodes[i] for i in live], "step", step), logprobs=logps)
+        logps += [None] * (len(actions) - len(logps))  # nothing recorded (e.g. a scripted generator): recompute
         for i, cache in zip(live, live_caches or []):
             caches[i] = cache
-        for i, action_ids in zip(live, actions):
-            episodes[i].add_action(action_ids)
+        for i, action_ids, logp in zip(live, actions, logps):
+            episodes[i].add_action(action_ids, logp)
             episodes[i].actions.append(chat.decode(action_ids).strip())
         texts = [episodes[i].actions[-1] for i in live]
 
@@ -379,9 +387,11 @@ def write_tips(model, chat: ChatStream, episodes: list[Episode], memory: TipMemo
         ep.kv_cache = None
     if not todo:
         return {"tips_written": 0.0, "tips_empty": 0.0}
+    # Only the first line is kept (clean_tip): stop there; the caches are dropped after this call: no split.
     outputs = generate_actions(model, chat, [tip_context(chat, ep) for ep in todo], caches,
                                max_new_tokens=cfg.tip_max_tokens, temperature=cfg.tip_temperature,
-                               batch_size=cfg.generation_batch_size, seeds=row_seeds(todo, "tip"))
+                               batch_size=cfg.generation_batch_size, seeds=row_seeds(todo, "tip"), keep_caches=False,
+                               stop=chat.first_line_stop())
     empty = 0
     for ep, ids in zip(todo, outputs):
         ep.tip = clean_tip(chat.plain(chat.decode(ids)))

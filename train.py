@@ -43,6 +43,7 @@ import numpy as np
 import torch
 import yaml
 
+from branches import supported as branches_supported
 from checkpoint import (CheckpointError, check_resume, find_checkpoint, load_checkpoint, save_checkpoint,
                         write_rank_fingerprints)
 from config import Config, ConfigError, config_help, load_config, split_cli, to_dict
@@ -350,7 +351,8 @@ def train(cfg: Config) -> dict:
                 advantages = novelty_advantages(advantages, [novelty_bonus(ep, cfg.intrinsic) for ep in played], groups,
                                                 cfg.intrinsic.coef)
             samples = build_samples(played, advantages, off_policy_old_logp=cfg.loss.off_policy_old_logp,
-                                    aggregation=cfg.loss.aggregation)
+                                    aggregation=cfg.loss.aggregation, old_logp_source=cfg.loss.old_logp_source,
+                                    branch_packing=cfg.train.branch_packing and branches_supported(model))
             with full_weights(model):  # the same compute-dtype weights the update's forwards gather layer by layer
                 old_pad, old_positions = compute_old_logprobs(model, samples, chat.pad_id, accelerator.device,
                                                               cfg.train.micro_batch_size)
@@ -358,6 +360,7 @@ def train(cfg: Config) -> dict:
             update_metrics = update(model, optimizer, samples, cfg, accelerator, mode, chat.pad_id, update_rng,
                                     sharded=launch.fsdp)
             update_metrics["old_logp_padding_frac"] = old_pad / max(old_positions, 1)
+            update_metrics["old_logp_tokens"] = float(old_positions)  # positions through the old-log-prob forward
             t3 = time.perf_counter()
 
             if cfg.train.log_episodes:  # a seeded sample, turn by turn, for viewer.py (a crashed one: partial return)

@@ -319,8 +319,22 @@ def test_current_turn_placement_shows_only_this_turns_tips(request, monkeypatch,
         assert len(sample.old_logp) == sum(twin_mask) == sum(map(len, acts))
         assert torch.allclose(torch.tensor(sample.old_logp), torch.cat(parts).float(), atol=1e-5)
     # On-policy with tips: each step had its own context, so each step is its own sample, scored in it.
-    on = build_samples([dataclasses.replace(ep, mode="on_policy_tips")], [0.5])
+    on = build_samples([dataclasses.replace(ep, mode="on_policy_tips")], [0.5], branch_packing=False)
     assert [(x.ids, x.old_ids) for x in on] == [(p + a,) * 2 for p, a in zip(prompts, acts)]
+    # Branch-packed (the default): one sequence = the tip-free stream, then each step's own prompt from where it
+    # leaves that stream, plus its action; its old contexts are the step prompts above.
+    (branched,) = build_samples([dataclasses.replace(ep, mode="on_policy_tips")], [0.5])
+    assert branched.old_contexts == [(x.ids, x.mask) for x in on] and branched.steps == len(acts)
+    points = []
+    for prompt in prompts:  # where each step's prompt leaves the tip-free stream (at most all but its last token)
+        n = 0
+        while n < len(prompt) - 1 and prompt[n] == ep.ids[n]:
+            n += 1
+        points.append(n)
+    assert branched.ids == ep.ids[:points[-1]] + [t for p, a, n in zip(prompts, acts, points) for t in p[n:] + a]
+    starts = [points[-1] + sum(len(p) - n + len(a) for p, a, n in zip(prompts[:k], acts, points))
+              for k in range(len(prompts))]
+    assert [branched.branches.positions[i] for i in starts] == points  # a branch continues from its branch point
 
 
 @pytest.mark.slow
