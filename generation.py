@@ -16,6 +16,10 @@ caching gives peers, done here on plain `generate`:
 * the tip prompt is the episode stream + one user turn, so tip writing reuses the episode's cache for free, and
   a history-window prompt (WebShop) reuses the part it shares with the previous step's prompt (instruction).
 
+`RowSampler(record=True)` keeps the log-prob of every sampled token under the model (`generate(logprobs=...)`):
+the update's old log-probs without a second forward (docs/decisions.md). A tip stops at its first line
+(`FirstLineStop`) and its batch cache is dropped, not split back (`keep_caches=False`).
+
 Rows that finish (eos or the token limit) simply drop out of the next call: caches are per episode, not per
 batch slot. The price is a copy of the reused keys/values into the batch at every call (memory traffic, not
 compute: on this CPU it is ~1% of the prefill it replaces; docs/performance.md) and holding each live

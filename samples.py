@@ -6,14 +6,17 @@ An episode (rollout.Episode) becomes one or more `Sample`s, by its layout (docs/
 * `packed_sample`     - full history: ONE sequence per episode. On-policy pi(a_t | s_t, u) (or with the tips kept
                         where retrieved, tip_placement=history); off-policy: the tip-free twin, old log-probs from
                         the stream with tips (Table 3) or from the twin (Algorithm 1).
-* `step_sample`       - one step's own prompt: a history window (WebShop), or current-turn tips learned on-policy,
-                        pi(a_t | s_t, u, tips_t): every step was played in a context of its own.
+* `step_sample`       - one step's own prompt: a history window (WebShop), or current-turn tips learned on-policy
+                        with train.branch_packing=false, pi(a_t | s_t, u, tips_t): every step had its own context.
+* `branched_sample`   - current-turn tips learned on-policy, pi(a_t | s_t, u, tips_t): the same per-step contexts
+                        as ONE sequence, the tip-free stream once + one branch per step (branches.py).
 * `current_turn_off_policy_sample` - current-turn tips learned off-policy: ONE tip-free packed sequence
                         pi(a_t | s_t, u), behaviour log-probs from each step's own with-tip prompt.
 
 Every action token carries its loss weight (`losses.loss_weights`, loss.aggregation; default: each step weighs 1
 whatever the layout), so packing never changes what a step weighs. `split_by_steps` cuts the shuffled samples into
-mini-batches of about `train.minibatch_steps` steps (a packed episode is never split).
+mini-batches of about `train.minibatch_steps` steps (a packed episode is never split). Old log-probs: those
+recorded while sampling wherever the old context is the one played (`recorded_logp`, loss.old_logp_source).
 """
 from __future__ import annotations
 
