@@ -1,5 +1,5 @@
 """branches.py: one branch-packed forward per episode gives the same action log-probs and gradients as scoring
-each step's `trunk[:p_t] + delta_t + action_t` as its own sequence (SDPA, eager, peft LoRA, real SmolLM2)."""
+each step's `trunk[:p_t] + delta_t + action_t` as its own sequence (SDPA, eager, peft LoRA)."""
 import random
 import warnings
 
@@ -239,44 +239,4 @@ def test_negative_control_plain_causal_mask(attn, monkeypatch):
     assert worst > 1e-3
 
 
-# ----------------------------------------------------------------------------- the real policy
-
-
-@pytest.mark.slow
-def test_matches_per_step_forwards_smollm2(policy):
-    """SmolLM2-135M-Instruct + LoRA (the repo's policy), a 3-step episode of ~200 packed tokens: log-probs and
-    LoRA gradients of the packed forward equal the per-step forwards."""
-    model, tokenizer = policy
-    enc = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
-    turns = [f"Observation {i}: you are in room {i}. There is a door to the north and a lamp on the table."
-             for i in range(3)]
-    actions = ["open door", "take lamp", "go north"]
-    trunk = enc("<|im_start|>system\nYou are an agent in a house.<|im_end|>\n")
-    points, bs, ms = [], [], []
-    for turn, act in zip(turns, actions):
-        user = enc(f"<|im_start|>user\n{turn}<|im_end|>\n<|im_start|>assistant\n")
-        tip = enc(f"<|im_start|>user\nTip: try something new.\n{turn}<|im_end|>\n<|im_start|>assistant\n")
-        reply = enc(f"{act}<|im_end|>")
-        points.append(len(trunk))  # step t branches off before its (tip-free) user turn
-        bs.append(tip + reply)
-        ms.append([0] * len(tip) + [1] * len(reply))
-        trunk = trunk + user + reply + enc("\n")
-    episode = (trunk, points, bs, ms, [1.0, -0.5, 0.25])
-    per_step, packed_tokens = forward_tokens(points, bs)
-    assert packed_tokens < per_step and packed_tokens <= 400
-
-    device = next(model.parameters()).device
-    got = split_steps(branch_action_logprobs(model, [pack(episode)], tokenizer.pad_token_id, device)[0], episode)
-    want = reference_logprobs(model, episode)
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
-    params = trainable(model)
-    grads_got = torch.autograd.grad(weighted_loss([got], [episode]), params)
-    grads_want = torch.autograd.grad(weighted_loss([want], [episode]), params)
-    # 30 fp32 layers: the packed backward sums the shared trunk's gradient contributions in another order, so
-    # single elements drift (max ~1e-4 of max|g| seen); the whole gradient agrees to ~4e-6 relative (norm).
-    diff = torch.sqrt(sum(((g - w) ** 2).sum() for g, w in zip(grads_got, grads_want)))
-    scale = torch.sqrt(sum((w ** 2).sum() for w in grads_want))
-    assert scale > 0 and diff / scale < 1e-4
-    for g, w in zip(grads_got, grads_want):
-        torch.testing.assert_close(g, w, rtol=1e-3, atol=5e-4)
+# The real policy (SmolLM2 + LoRA) on real rollout episodes: tests/test_old_logprobs.py, branch-packed vs per-step.
