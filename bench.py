@@ -244,8 +244,9 @@ def iteration_parts(model, chat, envs, tasks, cfg, long_cfg) -> None:
     returns = [ep.extrinsic_return for ep in episodes]
     advantages = group_advantages(returns, [ep.group for ep in episodes])
     advantages = [a if a else 1.0 for a in advantages]  # a non-zero loss even when every return is equal
-    packed = build_samples(episodes, advantages)
-    per_step = [piece for sample in packed for piece in per_step_samples(sample)]
+    packed = build_samples(episodes, advantages)  # current-turn tips: one branch-packed sample per episode
+    per_step = [piece for sample in build_samples(episodes, advantages, branch_packing=False)
+                for piece in per_step_samples(sample)]  # one sample per step, each its own context
     random.Random(0).shuffle(per_step)
     for samples in (packed, per_step):
         compute_old_logprobs(model, samples, chat.pad_id, "cpu", cfg.train.micro_batch_size)
