@@ -1,22 +1,32 @@
-"""EMPO² vs GRPO in miniature: the paper's claim on the sanity environment, on CPU.
+"""EMPO² vs GRPO in miniature, decisively: four arms, equal everything else, on the sanity environment (CPU).
 
-    python compare.py run  [--out results/sanity] [--seeds 0,1,2] [--section.key=value ...]
-    python compare.py plot [--out results/sanity]
+    python compare.py tips    [--out results/comparison]   # item 0: do the base model's own tips carry information?
+    python compare.py run     [--out results/comparison] [--seeds 0,1,2,3,4] [--arms a,b] [--section.key=value ...]
+    python compare.py summary [--out results/comparison]   # tables, confidence intervals, plot (also after `run`)
 
-`run` trains configs/sanity_empo2.yaml and configs/sanity_grpo.yaml (the same recipe with memory off) for every
-seed, each as its own `python train.py` process, at equal iterations; the trainer's periodic validation is the
-no-memory return on the held-out test variations. The untrained model is evaluated too (iteration 0). Then the
-out-of-distribution check: every final model plays the second task family (`ood_family`), first without memory,
-then `--memory_rounds` rounds with the tips it writes itself and no parameter updates (eval.py --ood).
-Runs that already finished are skipped, so an interrupted comparison continues where it stopped.
+The registered setting (docs/sanity.md, "EMPO² vs GRPO": chosen and committed before any run) is `SETTING`, applied
+to every arm; the arms differ only by `ARMS`:
 
-Everything lands in `--out`: runs/<algo>_s<seed>/ (metrics.jsonl, checkpoints, ood/eval.json), summary.json,
-summary.md (tables, wall times, the exact commands) and, from `plot`, compare.png.
+    grpo                configs/sanity_grpo.yaml: memory and the novelty bonus off
+    empo2               configs/sanity_empo2.yaml: the paper's mode probabilities 0.75 / 0.08 / 0.17, policy-written tips
+    empo2_no_off_policy the paper's ablation of distillation (Fig. 9): the same share of memory iterations (0.25), all
+                        on-policy with tips, no off-policy update
+    empo2_env_tips      an ABLATION, not the paper: tips written by the environment from the episode's own feedback
+                        (rollout.tip_source=environment): isolates the hybrid update from the quality of a 135M model's tips
+
+Each run is its own `python train.py` process (runs/<arm>_s<seed>/, its exact command in command.txt). `run` skips
+finished runs (done.json) and resumes interrupted ones from their newest checkpoint (train.py --resume=latest, exact:
+the same episodes and weights as an uninterrupted run); wall time is summed over a run's sittings. A finished run
+keeps its final LoRA adapter, memory and config in runs/<arm>_s<seed>/final/ (the checkpoints are then deleted: `eval.py
+--checkpoint=runs/<arm>_s<seed>/final` re-evaluates it). Iteration 0 of every curve is the untrained model
+(runs/base_s<seed>/, the same for every arm). `summary` writes summary.json, summary.md and compare.png.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -25,170 +35,283 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent
-ALGOS = ("empo2", "grpo")
+SETTING = [  # registered in docs/sanity.md before the first run: do not change it for this comparison
+    "--env.sanity.families=[lab]", "--env.sanity.difficulty=2", "--env.sanity.num_stages=3",
+    "--env.sanity.num_distractors=1", "--env.sanity.max_steps=4", "--env.sanity.train_variations=16",
+    "--env.sanity.test_variations=8", "--rollout.tasks_per_iteration=2", "--rollout.group_size=4",
+    "--rollout.tip_max_tokens=24", "--train.iterations=40", "--train.eval_every=5", "--train.eval_tasks=0",
+    "--train.eval_episodes_per_task=4", "--train.save_every=5",
+]
+ARMS = {
+    "grpo": ("configs/sanity_grpo.yaml", []),
+    "empo2": ("configs/sanity_empo2.yaml", []),
+    "empo2_no_off_policy": ("configs/sanity_empo2.yaml", ["--memory.p_on_policy_tips=0.25", "--memory.p_off_policy=0"]),
+    "empo2_env_tips": ("configs/sanity_empo2.yaml", ["--rollout.tip_source=environment"]),
+}
+TIP_ROUNDS = 3  # `tips`: rounds with the base model's own tips after the no-memory round
 
 
-def run_command(cmd: list[str], log: Path) -> float:
-    """Run one training/evaluation process (its output to `log`); returns its wall time. Stops on failure."""
+def run_command(cmd: list[str], log: Path) -> tuple[int, float]:
+    """Run one process, its output appended to `log`; (exit code, wall seconds)."""
     start = time.perf_counter()
-    with open(log, "w") as f:
-        proc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
-    if proc.returncode != 0:
-        sys.exit(f"failed ({proc.returncode}): {' '.join(cmd)}\nsee {log}")
-    return time.perf_counter() - start
+    with open(log, "a") as f:
+        f.write(f"\n$ {' '.join(cmd[1:])}\n")
+        f.flush()
+        code = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
+    return code, time.perf_counter() - start
 
 
-def read_metrics(run: Path) -> list[dict]:
-    path = run / "metrics.jsonl"
+def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def run_all(out: Path, seeds: list[int], overrides: list[str], ood_family: str, memory_rounds: int,
-            ood_episodes: int) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    commands, walls = [], {}
-    for seed in seeds:
-        common = [f"--train.seed={seed}", *overrides]
-        base = out / "runs" / f"base_s{seed}"
-        cmd = [sys.executable, "eval.py", "--config", "configs/sanity_empo2.yaml", *common, f"--output={base}"]
-        commands.append(" ".join(cmd[1:]))
-        if not (base / "eval.json").exists():
-            base.mkdir(parents=True, exist_ok=True)
-            print("untrained model, seed", seed, flush=True)
-            run_command(cmd, base / "log.txt")
-        for algo in ALGOS:
-            config = f"configs/sanity_{algo}.yaml"
-            run = out / "runs" / f"{algo}_s{seed}"
-            run.mkdir(parents=True, exist_ok=True)
-            cmd = [sys.executable, "train.py", "--config", config, *common, f"--output_dir={run}"]
-            commands.append(" ".join(cmd[1:]))
-            wall_file = run / "wall_seconds.json"
-            if not wall_file.exists():
-                print(f"training {algo} seed {seed}", flush=True)
-                wall_file.write_text(json.dumps(run_command(cmd, run / "log.txt")))
-            walls[f"{algo}_s{seed}"] = json.loads(wall_file.read_text())
-            final = sorted((run / "checkpoints").glob("iter_*"))[-1]
-            ood = run / "ood"
-            cmd = [sys.executable, "eval.py", "--config", config, *common, f"--checkpoint={final}",
-                   f"--env.sanity.families=[{ood_family}]", f"--ood={memory_rounds}",
-                   f"--episodes_per_task={ood_episodes}", f"--output={ood}"]
-            commands.append(" ".join(cmd[1:]))
-            if not (ood / "eval.json").exists():
-                print(f"OOD check {algo} seed {seed}", flush=True)
-                run_command(cmd, run / "ood_log.txt")
-    write_summary(out, seeds, commands, walls, overrides, ood_family)
+def train_run(out: Path, arm: str, seed: int, extra: list[str]) -> None:
+    """One arm and seed to the end: fresh, resumed, or skipped when done.json says it finished."""
+    run = out / "runs" / f"{arm}_s{seed}"
+    if (run / "done.json").exists():
+        return
+    run.mkdir(parents=True, exist_ok=True)
+    config, arm_overrides = ARMS[arm]
+    cmd = [sys.executable, "train.py", "--config", config, *SETTING, *arm_overrides, f"--train.seed={seed}", *extra,
+           f"--output_dir={run}"]
+    (run / "command.txt").write_text(" ".join(cmd[1:]) + "\n")
+    resume = any((run / "checkpoints").glob("iter_*"))
+    print(f"{'resuming' if resume else 'training'} {arm} seed {seed}", flush=True)
+    walls = json.loads((run / "wall_seconds.json").read_text()) if (run / "wall_seconds.json").exists() else []
+    code, wall = run_command(cmd + (["--resume=latest"] if resume else []), run / "log.txt")
+    (run / "wall_seconds.json").write_text(json.dumps(walls + [round(wall, 1)]))
+    if code != 0:
+        sys.exit(f"{arm} seed {seed} failed ({code}); see {run / 'log.txt'}; `compare.py run` resumes it")
+    final = sorted((run / "checkpoints").glob("iter_*"))[-1]
+    shutil.rmtree(run / "final", ignore_errors=True)
+    shutil.copytree(final, run / "final", ignore=shutil.ignore_patterns("optimizer.pt", "rng_rank*"))  # adapter
+    shutil.rmtree(run / "checkpoints")
+    (run / "done.json").write_text(json.dumps({"wall_seconds": sum(walls) + wall, "final": final.name}))
 
 
-def write_summary(out: Path, seeds: list[int], commands: list[str], walls: dict, overrides: list[str],
-                  ood_family: str) -> None:
-    summary = summarise(out, seeds)
-    summary.update(commands=commands, wall_seconds=walls, overrides=overrides, ood_family=ood_family)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    (out / "summary.md").write_text(summary_markdown(summary))
-    print((out / "summary.md").read_text())
+def base_run(out: Path, seed: int, extra: list[str]) -> None:
+    """Iteration 0 of every curve: the untrained model on the validation protocol (the same for every arm)."""
+    run = out / "runs" / f"base_s{seed}"
+    if (run / "eval.json").exists():
+        return
+    run.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "eval.py", "--config", ARMS["empo2"][0], *SETTING, f"--train.seed={seed}", *extra,
+           "--episodes_per_task=4", f"--output={run}"]
+    (run / "command.txt").write_text(" ".join(cmd[1:]) + "\n")
+    print(f"untrained model, seed {seed}", flush=True)
+    if run_command(cmd, run / "log.txt")[0] != 0:
+        sys.exit(f"the untrained evaluation failed; see {run / 'log.txt'}")
 
 
-def mean_std(values: list[float]) -> tuple[float, float]:
-    return float(np.mean(values)), float(np.std(values))
+def tip_usefulness(out: Path, extra: list[str]) -> None:
+    """The frozen base model on the TRAINING variations: no memory, then TIP_ROUNDS rounds with the tips it wrote
+    itself (eval.py --ood, the OOD protocol applied in-distribution), once with policy tips, once with the
+    environment's (the oracle ablation's tips). Says whether tips carry information in this setting at all."""
+    for source in ("policy", "environment"):
+        run = out / "tips" / source
+        if (run / "eval.json").exists():
+            continue
+        run.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "eval.py", "--config", ARMS["empo2"][0], *SETTING, "--train.seed=0",
+               f"--rollout.tip_source={source}", "--split=train", f"--ood={TIP_ROUNDS}", "--episodes_per_task=4",
+               *extra, f"--output={run}"]
+        (run / "command.txt").write_text(" ".join(cmd[1:]) + "\n")
+        print(f"tip usefulness, {source} tips", flush=True)
+        if run_command(cmd, run / "log.txt")[0] != 0:
+            sys.exit(f"failed; see {run / 'log.txt'}")
+
+
+# ---------------------------------------------------------------------------------------------- statistics
+
+def mean_se(values) -> tuple[float, float]:
+    values = np.asarray(values, dtype=float)
+    return float(values.mean()), float(values.std(ddof=1) / np.sqrt(len(values))) if len(values) > 1 else 0.0
+
+
+def bootstrap_ci(a, b, resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
+    """95 % percentile bootstrap CI of mean(a) - mean(b), seeds resampled within each arm."""
+    rng = np.random.default_rng(seed)
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    diffs = (rng.choice(a, (resamples, len(a))).mean(1) - rng.choice(b, (resamples, len(b))).mean(1))
+    low, high = np.percentile(diffs, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def permutation_p(a, b) -> float:
+    """Exact two-sided permutation test of mean(a) - mean(b): every split of the pooled seeds into two arms."""
+    pooled, n = np.concatenate([a, b]).astype(float), len(a)
+    observed = abs(np.mean(a) - np.mean(b))
+    splits = [abs(pooled[list(i)].mean() - np.delete(pooled, list(i)).mean()) >= observed - 1e-12
+              for i in itertools.combinations(range(len(pooled)), n)]
+    return float(np.mean(splits))
+
+
+def welch_t(a, b) -> tuple[float, float]:
+    """Welch's t statistic and its Welch-Satterthwaite degrees of freedom."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    if va + vb == 0:
+        return 0.0, float(len(a) + len(b) - 2)
+    return float((a.mean() - b.mean()) / np.sqrt(va + vb)), float(
+        (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1)))
+
+
+def curve(out: Path, arm: str, seed: int) -> dict[int, float]:
+    """{iteration: validation return}, iteration 0 = the untrained model."""
+    points = {0: json.loads((out / "runs" / f"base_s{seed}" / "eval.json").read_text())["return_mean"]}
+    points.update({r["iteration"]: r["val_return_mean"] for r in read_jsonl(out / "runs" / f"{arm}_s{seed}" /
+                                                                            "metrics.jsonl") if "val_return_mean" in r})
+    return points
+
+
+def area(points: dict[int, float]) -> float:
+    """Area under the validation curve divided by its length: the trapezoid mean return over training."""
+    its = sorted(points)
+    return float(np.trapezoid([points[i] for i in its], its) / (its[-1] - its[0]))
 
 
 def summarise(out: Path, seeds: list[int]) -> dict:
-    """Validation curves (iteration 0 = the untrained model) and OOD numbers, per algorithm over seeds."""
-    base = [json.loads((out / "runs" / f"base_s{s}" / "eval.json").read_text()) for s in seeds]
-    result = {"seeds": seeds, "algorithms": {}}
-    for algo in ALGOS:
-        curves = {}
-        for seed, untrained in zip(seeds, base):
-            points = {0: untrained["return_mean"]}
-            points.update({r["iteration"]: r["val_return_mean"] for r in read_metrics(out / "runs" / f"{algo}_s{seed}")
-                           if "val_return_mean" in r})
-            curves[seed] = points
-        iterations = sorted(set.intersection(*(set(c) for c in curves.values())))
-        ood = [json.loads((out / "runs" / f"{algo}_s{s}" / "ood" / "eval.json").read_text()) for s in seeds]
-        rounds = np.array([o["memory_rounds"] if "memory_rounds" in o else [s["return_mean"] for s in o["ood"]["steps"]]
-                           for o in ood])  # [seeds, rounds + 1] (older eval.json: "memory_rounds")
-        result["algorithms"][algo] = {
-            "iterations": iterations,
-            "val_return": {str(i): [curves[s][i] for s in seeds] for i in iterations},
-            "final_val_return": mean_std([curves[s][iterations[-1]] for s in seeds]),
-            "ood_no_memory": mean_std([o["return_mean"] for o in ood]),
-            "ood_memory_rounds_mean": rounds.mean(0).tolist(),
-            "ood_memory_rounds_std": rounds.std(0).tolist(),
-            "ood_best_memory_round_gain": mean_std((rounds[:, 1:].max(1) - rounds[:, 0]).tolist()),
+    finished = {arm: [s for s in seeds if (out / "runs" / f"{arm}_s{s}" / "done.json").exists()] for arm in ARMS}
+    result = {"setting": SETTING, "arms": {}, "versus_grpo": {}}
+    for arm, arm_seeds in finished.items():
+        if not arm_seeds:
+            continue
+        curves = [curve(out, arm, s) for s in arm_seeds]
+        rows = [read_jsonl(out / "runs" / f"{arm}_s{s}" / "metrics.jsonl") for s in arm_seeds]
+        per_mode = {}
+        for mode in ("no_memory", "on_policy_tips", "off_policy"):
+            returns = [r["return_mean"] for run in rows for r in run if r["mode"] == mode]
+            per_mode[mode] = {"iterations": len(returns), "return_mean": float(np.mean(returns)) if returns else None}
+        its = sorted(set.intersection(*(set(c) for c in curves)))
+        result["arms"][arm] = {
+            "seeds": arm_seeds, "iterations": its,
+            "val_return": {str(i): [c[i] for c in curves] for i in its},
+            "final": [c[its[-1]] for c in curves], "auc": [area({i: c[i] for i in its}) for c in curves],
+            "train_return_per_mode": per_mode,
+            "tips_retrieved_per_step": float(np.mean([r["tips_retrieved"] / max(r["train_steps"], 1)
+                                                      for run in rows for r in run if r["mode"] != "no_memory"]
+                                                     or [0.0])),
+            "wall_seconds": [json.loads((out / "runs" / f"{arm}_s{s}" / "done.json").read_text())["wall_seconds"]
+                             for s in arm_seeds],
         }
+    grpo = result["arms"].get("grpo")
+    for arm, row in result["arms"].items():
+        if arm == "grpo" or grpo is None or len(row["seeds"]) < 2 or len(grpo["seeds"]) < 2:
+            continue
+        result["versus_grpo"][arm] = {
+            metric: {"difference": float(np.mean(row[metric]) - np.mean(grpo[metric])),
+                     "ci95": bootstrap_ci(row[metric], grpo[metric]),
+                     "permutation_p": permutation_p(row[metric], grpo[metric]),
+                     "welch_t_df": welch_t(row[metric], grpo[metric])}
+            for metric in ("final", "auc")}
+    tips = {}
+    for source in ("policy", "environment"):
+        path = out / "tips" / source / "eval.json"
+        if path.exists():
+            steps = json.loads(path.read_text())["ood"]["steps"]
+            tips[source] = [(s["return_mean"], s.get("success_rate", 0.0)) for s in steps]
+    result["tip_usefulness"] = tips
     return result
 
 
 def summary_markdown(summary: dict) -> str:
-    seeds = summary["seeds"]
-    lines = ["# EMPO² vs GRPO on the sanity environment", "",
-             f"Seeds {seeds}; mean ± std over seeds. Validation = no-memory return on the held-out test variations "
-             "(iteration 0 = the untrained model).", "",
-             "| algorithm | final validation return | OOD, no memory | OOD, best gain from memory rounds | "
-             "wall time per run (s) |", "|---|---|---|---|---|"]
-    for algo, row in summary["algorithms"].items():
-        walls = [summary["wall_seconds"][f"{algo}_s{s}"] for s in seeds]
-        lines.append(f"| {algo} | {row['final_val_return'][0]:.1f} ± {row['final_val_return'][1]:.1f} | "
-                     f"{row['ood_no_memory'][0]:.1f} ± {row['ood_no_memory'][1]:.1f} | "
-                     f"{row['ood_best_memory_round_gain'][0]:+.1f} ± {row['ood_best_memory_round_gain'][1]:.1f} | "
-                     f"{np.mean(walls):.0f} |")
-    lines += ["", "Validation return per iteration:", "", "| iteration | " + " | ".join(summary["algorithms"]) + " |",
-              "|---|" + "---|" * len(summary["algorithms"])]
-    first = next(iter(summary["algorithms"].values()))
+    lines = ["# EMPO² vs GRPO on the sanity environment (the registered setting of docs/sanity.md)", "",
+             "Validation = no-memory return on the 8 held-out test variations (4 episodes each, temperature 0.4); "
+             "iteration 0 = the untrained model. Mean ± standard error over seeds.", "",
+             "| arm | seeds | final validation return | area under the curve (mean return) | training return "
+             "per mode: no memory / on-policy tips / off-policy (iterations) | tips per memory step | wall per run |",
+             "|---|---|---|---|---|---|---|"]
+    for arm, row in summary["arms"].items():
+        (fm, fs), (am, as_) = mean_se(row["final"]), mean_se(row["auc"])
+        modes = " / ".join("-" if m["return_mean"] is None else f"{m['return_mean']:.1f} ({m['iterations']})"
+                           for m in row["train_return_per_mode"].values())
+        lines.append(f"| {arm} | {len(row['seeds'])} | {fm:.1f} ± {fs:.1f} | {am:.1f} ± {as_:.1f} | {modes} | "
+                     f"{row['tips_retrieved_per_step']:.2f} | {np.mean(row['wall_seconds']) / 60:.1f} min |")
+    lines += ["", "Arm − GRPO (95 % bootstrap CI over seeds, 10,000 resamples; exact permutation test; Welch's t):", "",
+              "| arm | metric | difference | 95 % CI | permutation p | Welch t (df) |", "|---|---|---|---|---|---|"]
+    for arm, metrics in summary["versus_grpo"].items():
+        for metric, s in metrics.items():
+            lines.append(f"| {arm} | {metric} | {s['difference']:+.1f} | [{s['ci95'][0]:+.1f}, {s['ci95'][1]:+.1f}] | "
+                         f"{s['permutation_p']:.3f} | {s['welch_t_df'][0]:+.2f} ({s['welch_t_df'][1]:.1f}) |")
+    if summary["tip_usefulness"]:
+        lines += ["", "Tip usefulness: the frozen base model on the training variations (return, success rate) per "
+                  "round; round 0 without memory, then with the tips of the earlier rounds:", "",
+                  "| tips | " + " | ".join(f"round {i}" for i in range(TIP_ROUNDS + 1)) + " |",
+                  "|---|" + "---|" * (TIP_ROUNDS + 1)]
+        for source, rounds in summary["tip_usefulness"].items():
+            lines.append(f"| {source} | " + " | ".join(f"{r:.1f} ({s:.2f})" for r, s in rounds) + " |")
+    lines += ["", "Validation return per iteration (mean ± s.e.):", "",
+              "| iteration | " + " | ".join(summary["arms"]) + " |", "|---|" + "---|" * len(summary["arms"])]
+    first = next(iter(summary["arms"].values()), {"iterations": []})
     for it in first["iterations"]:
-        cells = [f"{np.mean(row['val_return'][str(it)]):.1f} ± {np.std(row['val_return'][str(it)]):.1f}"
-                 for row in summary["algorithms"].values()]
+        cells = [("%.1f ± %.1f" % mean_se(row["val_return"][str(it)])) if str(it) in row["val_return"] else "-"
+                 for row in summary["arms"].values()]
         lines.append(f"| {it} | " + " | ".join(cells) + " |")
-    lines += ["", f"OOD ({summary['ood_family']} family) mean return per memory round (0 = no memory):", ""]
-    for algo, row in summary["algorithms"].items():
-        lines.append(f"* {algo}: " + ", ".join(f"{m:.1f}" for m in row["ood_memory_rounds_mean"]))
-    lines += ["", "Commands (from the repository root):", "", "```"] + summary["commands"] + ["```", ""]
+    lines += ["", "Setting (every arm): `" + " ".join(summary["setting"]) + "`; each run's exact command is in "
+              "runs/<arm>_s<seed>/command.txt.", ""]
     return "\n".join(lines)
 
 
-def plot(out: Path) -> None:
+def plot(out: Path, summary: dict) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    summary = json.loads((out / "summary.json").read_text())
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for (algo, row), colour in zip(summary["algorithms"].items(), ("tab:orange", "tab:blue")):
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
+    for (arm, row), colour in zip(summary["arms"].items(), ("tab:blue", "tab:orange", "tab:green", "tab:purple")):
         its = row["iterations"]
-        mean = np.array([np.mean(row["val_return"][str(i)]) for i in its])
-        std = np.array([np.std(row["val_return"][str(i)]) for i in its])
-        left.plot(its, mean, "-o", ms=3, c=colour, label=algo.upper().replace("EMPO2", "EMPO²"))
-        left.fill_between(its, mean - std, mean + std, color=colour, alpha=0.2)
-        rounds = np.array(row["ood_memory_rounds_mean"])
-        rstd = np.array(row["ood_memory_rounds_std"])
-        right.errorbar(np.arange(len(rounds)), rounds, yerr=rstd, fmt="-o", ms=3, c=colour, capsize=3,
-                       label=algo.upper().replace("EMPO2", "EMPO²"))
+        stats = np.array([mean_se(row["val_return"][str(i)]) for i in its])
+        left.plot(its, stats[:, 0], "-o", ms=3, c=colour, label=f"{arm} ({len(row['seeds'])} seeds)")
+        left.fill_between(its, stats[:, 0] - stats[:, 1], stats[:, 0] + stats[:, 1], color=colour, alpha=0.2)
     left.set(xlabel="training iteration", ylabel="validation return (no memory)",
-             title=f"sanity env, mean ± std over {len(summary['seeds'])} seeds")
-    right.set(xlabel="memory round (0 = no memory, frozen weights)", ylabel="return",
-              title=f"OOD: {summary['ood_family']} family")
-    left.legend()
+             title="held-out variations, mean ± s.e. over seeds")
+    left.legend(fontsize=8)
+    arms = list(summary["versus_grpo"])
+    for k, metric in enumerate(("final", "auc")):
+        diffs = [summary["versus_grpo"][a][metric] for a in arms]
+        x = np.arange(len(arms)) + 0.2 * (2 * k - 1)
+        right.errorbar(x, [d["difference"] for d in diffs], fmt="o", capsize=4, label=metric,
+                       yerr=np.abs(np.array([d["ci95"] for d in diffs]).T - [d["difference"] for d in diffs]))
+    right.axhline(0, c="grey", lw=1)
+    right.set_xticks(range(len(arms)), arms, fontsize=8)
+    right.set(ylabel="arm − GRPO (95 % bootstrap CI)", title="difference to GRPO")
     right.legend()
     fig.tight_layout()
     fig.savefig(out / "compare.png", dpi=110)
-    print(f"wrote {out / 'compare.png'}")
+    plt.close(fig)
+
+
+def write_summary(out: Path, seeds: list[int]) -> None:
+    summary = summarise(out, seeds)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    (out / "summary.md").write_text(summary_markdown(summary))
+    if summary["arms"]:
+        plot(out, summary)
+    print((out / "summary.md").read_text())
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["run", "plot"])
-    parser.add_argument("--out", default="results/sanity")
-    parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--ood_family", default="garden")
-    parser.add_argument("--memory_rounds", type=int, default=2)
-    parser.add_argument("--ood_episodes", type=int, default=2, help="OOD episodes per test task and round")
-    args, overrides = parser.parse_known_args(argv)
-    out = Path(args.out)
-    if args.command == "run":
-        run_all(out, [int(s) for s in args.seeds.split(",")], overrides, args.ood_family, args.memory_rounds,
-                args.ood_episodes)
-    plot(out)
+    parser.add_argument("command", choices=["tips", "run", "summary"])
+    parser.add_argument("--out", default="results/comparison")
+    parser.add_argument("--seeds", default="0,1,2,3,4")
+    parser.add_argument("--arms", default=",".join(ARMS))
+    args, extra = parser.parse_known_args(argv)
+    out, seeds, arms = Path(args.out), [int(s) for s in args.seeds.split(",")], args.arms.split(",")
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        sys.exit(f"unknown arm(s) {unknown}; known: {list(ARMS)}")
+    out.mkdir(parents=True, exist_ok=True)
+    if args.command == "tips":
+        tip_usefulness(out, extra)
+    elif args.command == "run":
+        for seed in seeds:  # seed-major: every arm of a seed finishes before the next seed starts
+            base_run(out, seed, extra)
+            for arm in arms:
+                train_run(out, arm, seed, extra)
+                write_summary(out, seeds)
+    write_summary(out, seeds)
 
 
 if __name__ == "__main__":

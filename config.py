@@ -84,6 +84,10 @@ class RolloutConfig:
     max_prompt_tokens: int = 4500  # an episode whose context would exceed this is truncated ("context")
     tip_max_tokens: int = 512  # new tokens for a tip (the first line is kept)
     tip_temperature: float = 1.0  # sampling temperature of tip writing
+    # "policy" = the paper: the policy writes its own tip. "environment" = an ABLATION, not the paper: the tip is
+    # what the episode's feedback revealed (Env.oracle_tip; the sanity environment only), which separates the
+    # hybrid update from the quality of the tips a small model writes (docs/sanity.md, "EMPO² vs GRPO").
+    tip_source: str = "policy"
     generation_batch_size: int = 0  # 0 = all live episodes in one generate call; >0 caps the batch
     # Keep each episode's KV cache between turns and feed only the new tokens (generation.py); the group's shared
     # first message is encoded once and the tip reuses the episode's cache. false = re-encode every turn.
@@ -225,6 +229,7 @@ class Config:
             "env.name": (self.env.name, {"scienceworld", "webshop", "sanity"}),
             "model.dtype": (self.model.dtype, {"float32", "bfloat16", "float16"}),
             "rollout.tip_placement": (self.rollout.tip_placement, {"current_turn", "history"}),
+            "rollout.tip_source": (self.rollout.tip_source, {"policy", "environment"}),
             "loss.advantage": (self.loss.advantage, {"grpo", "gigpo"}),
             "loss.aggregation": (self.loss.aggregation, {"step", "episode", "token"}),
             "loss.gigpo_episode_stats": (self.loss.gigpo_episode_stats, {"step", "episode"}),

@@ -12,6 +12,7 @@ One iteration's rollout (docs/algorithm.md):
   sample); `history` keeps every block where it was retrieved (~850 tokens more per turn: docs/scaling.md);
 * a task whose first message leaves no room for its episode stops the run (`check_prompt_budget`, `check_first_turn`);
 * after every training episode the policy writes a one-sentence tip (`write_tips`); tips are never trained on.
+  `rollout.tip_source: environment` is an ablation, not the paper: the environment's own tip (`Env.oracle_tip`).
 
 Token streams (docs/decisions.md). An episode is recorded token-in/token-out: `Episode.ids` are exactly the ids the
 model was given and generated; nothing is re-tokenised before the update. Conversations are append-only, so with
@@ -104,6 +105,7 @@ class Episode:
     done: bool = False
     truncated: str = ""  # "" | "steps" | "context" | "env_error"
     tip: str = ""
+    oracle_tip: str = ""  # rollout.tip_source=environment: the environment's tip, written when the episode ended
     seed: int | None = None  # this episode's own sampling stream (step t: derive_seed(seed, "step", t)); None: global
     last_action_ids: list[int] = field(default_factory=list)  # to close a turn cut at the token limit
     kv_cache: PrefixCache | None = field(default=None, repr=False)  # kept for the tip (rollout.kv_reuse)
@@ -265,6 +267,9 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
     episode ends); seeds[i]: episode i samples from its own streams (generation.RowSampler), independently of the
     other episodes of the batch and of torch's global stream (None: the global stream)."""
     assert len(envs) >= len(tasks), "need one environment per episode"
+    env_tips = cfg.tip_source == "environment"
+    if env_tips:
+        envs[0].oracle_tip()  # refuses before anything is played when the environment writes no tips
     use_tips = mode != "no_memory" and memory is not None
     novelty = counts_novelty(mode, memory, intrinsic)
     temperature = cfg.temperature if temperature is None else temperature
@@ -341,6 +346,7 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
             if done:
                 ep.done, ep.final_observation = True, obs
                 ep.truncated = "env_error" if info.get("env_error") else "steps" if info.get("truncated") else ""
+                ep.oracle_tip = envs[i].oracle_tip() if env_tips else ""
                 if not keep_caches:
                     caches[i] = None
         step += 1
@@ -387,14 +393,17 @@ def write_tips(model, chat: ChatStream, episodes: list[Episode], memory: TipMemo
         ep.kv_cache = None
     if not todo:
         return {"tips_written": 0.0, "tips_empty": 0.0}
-    # Only the first line is kept (clean_tip): stop there; the caches are dropped after this call: no split.
-    outputs = generate_actions(model, chat, [tip_context(chat, ep) for ep in todo], caches,
-                               max_new_tokens=cfg.tip_max_tokens, temperature=cfg.tip_temperature,
-                               batch_size=cfg.generation_batch_size, seeds=row_seeds(todo, "tip"), keep_caches=False,
-                               stop=chat.first_line_stop())
+    if cfg.tip_source == "environment":  # the ablation: no generation, the environment's tip (Env.oracle_tip)
+        tips = [ep.oracle_tip for ep in todo]
+    else:  # only the first line is kept (clean_tip): stop there; the caches are dropped after this call: no split
+        outputs = generate_actions(model, chat, [tip_context(chat, ep) for ep in todo], caches,
+                                   max_new_tokens=cfg.tip_max_tokens, temperature=cfg.tip_temperature,
+                                   batch_size=cfg.generation_batch_size, seeds=row_seeds(todo, "tip"),
+                                   keep_caches=False, stop=chat.first_line_stop())
+        tips = [chat.plain(chat.decode(ids)) for ids in outputs]
     empty = 0
-    for ep, ids in zip(todo, outputs):
-        ep.tip = clean_tip(chat.plain(chat.decode(ids)))
+    for ep, text in zip(todo, tips):
+        ep.tip = clean_tip(text)
         empty += not ep.tip
         for entry in tip_entries(ep) if memory is not None else ():
             memory.stage(ep.task.key, entry)

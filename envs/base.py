@@ -110,6 +110,12 @@ class Env(abc.ABC):
         its own: use the observation as is"."""
         return ""
 
+    def oracle_tip(self) -> str:
+        """rollout.tip_source=environment (an ablation): a tip about the episode just played, written from what the
+        environment's feedback revealed ("" = nothing was revealed). Environments without one refuse."""
+        raise NotImplementedError(f"{type(self).__name__} writes no tips of its own: rollout.tip_source=environment "
+                                  "is an ablation of the sanity environment (env.name=sanity)")
+
     def step_limit(self, task: Task) -> int:
         """Most actions an episode of `task` may take (0 = unknown); bounds the context an episode can need."""
         return 0

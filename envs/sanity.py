@@ -250,6 +250,8 @@ class SanityEnv(Env):
         self._command_text = ", ".join(self._lay["commands"])
         self._done_stages: set[str] = set()  # commands of stages done so far (target and distractors)
         self._progress = 0  # target stages done, in solution order
+        self._revealed = -1  # the index of the target stage a "That does not work yet" named last (oracle_tip)
+        self._ended_by = ""  # the command that failed the task (a fatal one or a focus on a distractor)
         self._score = 0
         self._steps = 0
         self._history = []
@@ -307,11 +309,13 @@ class SanityEnv(Env):
                       for s in self._lay["used"]]  # the family's order: never reveals a variation's order
             return self._scene() + (" Now " + ", ".join(states) + "." if states else ""), 0, False
         if command == fam.fatal:
+            self._ended_by = command
             return fam.fatal_result, -100 - self._score, True
         stage, key = next((s, k) for s in stages for k in self._lay["shown"]
                           if s.command.format(k=k) == command)
         if stage is fam.final and key != target:
             if self.cfg.fatal:  # as ScienceWorld's focus on a wrong object
+                self._ended_by = command
                 return f"You {command}, but your task is about the {target} one. Task failed.", -100 - self._score, True
             return f"You {command}. It is not the one your task is about.", 0, False
         if command in self._done_stages:
@@ -321,6 +325,7 @@ class SanityEnv(Env):
             return stage.result.format(k=key), 0, False
         index = stages.index(stage)
         if index > self._progress:  # too early: report the first unmet condition, like "The door is closed."
+            self._revealed = self._progress
             return f"That does not work yet: {stages[self._progress].todo.format(k=target)}.", 0, False
         self._done_stages.add(command)
         self._progress += 1
@@ -347,6 +352,26 @@ class SanityEnv(Env):
 
     def turn_reminder(self) -> str:
         return "\n" + RESPOND if self.cfg.turn_reminder else ""
+
+    def oracle_tip(self) -> str:
+        """What this episode's feedback revealed, as a tip (rollout.tip_source=environment, an ablation): the target
+        stages that worked in their order, the stage a "That does not work yet" named as missing, the command that
+        failed the task. Nothing the episode did not show: "" when it revealed nothing."""
+        if self._task is None:
+            return ""
+        if self._task.name == "pick":
+            tried = self._last_info.get("action", "")
+            return f"The password is {PICK_WORD}." if self._score >= 100 else (
+                f"The password is not {tried}." if tried else "")
+        gold = self._lay["gold"]
+        if self._progress == len(gold):
+            return "This solved the task, in this order: " + ", ".join(gold) + "."
+        parts = ["These steps worked, in this order: " + ", ".join(gold[:self._progress]) + "."] if self._progress else []
+        if self._revealed == self._progress:
+            parts.append(f"The next step needed is: {gold[self._progress]}.")
+        if self._ended_by:
+            parts.append(f"Never {self._ended_by}: it fails the task.")
+        return " ".join(parts)
 
     def step_limit(self, task: Task) -> int:
         return 1 if task.name == "pick" else self.cfg.max_steps

@@ -16,7 +16,7 @@ from config import IntrinsicConfig, MemoryConfig, RolloutConfig
 from envs.base import Task
 from losses import compute_old_logprobs, sequence_action_logprobs
 from memory import TipEntry, TipMemory, tip_block
-from samples import Sample, build_samples, per_step_samples
+from samples import build_samples, per_step_samples
 from rollout import (ChatStream, ContextBudgetError, Episode, advantage_return, draw_mode,
                      clean_tip, generate_actions, intrinsic_return, pay_novelty, run_episodes,
                      write_tips)
@@ -478,3 +478,29 @@ def test_hostile_actions_never_crash_or_corrupt_the_stream(policy, rooms_env, mo
         assert [t for t, m in zip(ep.ids, ep.mask) if m] == [t for ids in script for t in ids]
         sent = [action for action, _ in env.history]  # the text the environment received
         assert sent[0] == "" and "<|im_start|>" not in sent[1] and "\ufffd" in sent[2] and sent[4].count("look") == 10_000
+
+
+@pytest.mark.slow
+def test_environment_tips_are_what_a_replay_of_the_episode_reveals(policy, rooms_env):
+    """rollout.tip_source=environment (the oracle ablation): no tip is generated; each episode's tip is the one a
+    fresh environment gives after replaying that episode's executed commands."""
+    from envs.sanity import SanityConfig, SanityEnv
+    model, tokenizer = policy
+    chat, settings = ChatStream(tokenizer), dict(families=["lab"], difficulty=2, num_stages=3, num_distractors=1,
+                                                 max_steps=4, train_variations=16, test_variations=8)
+    cfg = RolloutConfig(max_action_tokens=10, max_prompt_tokens=2000, temperature=1.0, tip_source="environment")
+    tasks = [Task("lab", 0), Task("lab", 0), Task("lab", 3), Task("lab", 3)]
+    memory = TipMemory()
+    eps = run_episodes(model, chat, [SanityEnv(SanityConfig(**settings)) for _ in tasks], tasks, [0, 0, 1, 1],
+                       mode="no_memory", memory=memory, cfg=cfg, seeds=[1, 2, 3, 4])
+    stats = write_tips(model, chat, eps, memory, cfg)
+    replay = SanityEnv(SanityConfig(**settings))
+    for ep in eps:
+        replay.reset(ep.task)
+        for action in ep.actions:
+            replay.step(action)
+        assert ep.tip == replay.oracle_tip()
+    assert stats["tips_written"] == sum(bool(ep.tip) for ep in eps)
+    assert len(memory.pending_tips) == sum(len(ep.actions) for ep in eps if ep.tip)
+    with pytest.raises(NotImplementedError, match="tip_source=environment"):  # refused before anything is played
+        run_episodes(model, chat, [rooms_env(3)], [Task("rooms", 0)], [0], mode="no_memory", memory=memory, cfg=cfg)

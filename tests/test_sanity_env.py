@@ -241,3 +241,32 @@ def test_reset_checks_the_variation():
         env.reset(Task("kitchen", 0))
     with pytest.raises(RuntimeError):
         SanityEnv().step("look around")
+
+
+def test_oracle_tips_say_only_what_the_episode_revealed():
+    """rollout.tip_source=environment: hand-written expected tips for lab variation 0 at difficulty 2, whose
+    hidden order is press the green button, connect the green wire, focus on the green lamp."""
+    env = make(families=["lab"], difficulty=2, num_stages=3, num_distractors=1, max_steps=4, train_variations=16,
+               test_variations=8)
+    task = Task("lab", 0)
+    play(env, task, ["look around", "press the blue button", "look around", "look around"])
+    assert env.oracle_tip() == ""  # nothing about the task was revealed
+    play(env, task, ["connect the green wire", "look around", "look around", "look around"])
+    assert env.oracle_tip() == "The next step needed is: press the green button."
+    play(env, task, ["press the green button", "focus on the green lamp", "touch the bare wire"])
+    assert env.oracle_tip() == ("These steps worked, in this order: press the green button. The next step needed is: "
+                                "connect the green wire. Never touch the bare wire: it fails the task.")
+    play(env, task, ["press the green button", "focus on the blue lamp"])
+    assert env.oracle_tip() == ("These steps worked, in this order: press the green button. "
+                                "Never focus on the blue lamp: it fails the task.")
+    play(env, task, ["press the green button", "connect the green wire", "focus on the green lamp"])
+    assert env.oracle_tip() == ("This solved the task, in this order: press the green button, connect the green wire, "
+                                "focus on the green lamp.")
+    pick = make(families=["pick"])
+    wrong = next(w for w in commands_of(pick, first(pick, "pick")) if w != PICK_WORD)
+    play(pick, first(pick, "pick"), [wrong])
+    assert pick.oracle_tip() == f"The password is not {wrong}."
+    play(pick, first(pick, "pick"), ["hello"])  # no listed word: nothing was tried
+    assert pick.oracle_tip() == ""
+    play(pick, first(pick, "pick"), [PICK_WORD])
+    assert pick.oracle_tip() == "The password is dax."

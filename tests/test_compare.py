@@ -1,0 +1,39 @@
+"""compare.py's statistics, by hand (fast, no model): permutation test, Welch's t, bootstrap CI, curve area."""
+import math
+
+import numpy as np
+
+import compare
+
+
+def test_exact_permutation_test_by_hand():
+    # pooled 1, 2, 3, 4 split 2 + 2: 6 splits; |mean difference| >= 2 only for {1,2}|{3,4} and {3,4}|{1,2}
+    assert math.isclose(compare.permutation_p([1, 2], [3, 4]), 2 / 6)
+    # identical arms: every split is at least as extreme as 0
+    assert compare.permutation_p([5, 5, 5], [5, 5, 5]) == 1.0
+
+
+def test_welch_t_by_hand():
+    t, df = compare.welch_t([1, 2, 3], [4, 5, 6])  # means 2 and 5, variances 1: t = -3 / sqrt(2/3), df = 4
+    assert math.isclose(t, -3 / math.sqrt(2 / 3)) and math.isclose(df, 4.0)
+    t, df = compare.welch_t([1, 2, 3, 4], [0, 0, 0, 8])  # var 5/3 and 16: se^2 = 5/12 + 4 = 53/12
+    assert math.isclose(t, 0.5 / math.sqrt(53 / 12))
+    assert math.isclose(df, (53 / 12) ** 2 / ((5 / 12) ** 2 / 3 + 4 ** 2 / 3))
+
+
+def test_bootstrap_ci_brackets_the_difference_and_is_degenerate_without_spread():
+    low, high = compare.bootstrap_ci([10, 10, 10], [4, 4, 4])
+    assert low == high == 6.0
+    low, high = compare.bootstrap_ci([0, 10, 20, 30, 40], [0, 0, 0, 0, 0])
+    assert 0 < low < 20 < high < 40  # the difference of means is 20; resampled means lie in [0, 40]
+
+
+def test_area_is_the_trapezoid_mean_over_training():
+    assert compare.area({0: 0.0, 5: 10.0, 10: 10.0}) == 7.5  # (0 + 10) / 2 * 5 + 10 * 5 = 75, / 10
+    assert compare.mean_se([1, 2, 3]) == (2.0, float(np.std([1, 2, 3], ddof=1) / math.sqrt(3)))
+
+
+def test_arms_differ_only_by_their_overrides():
+    assert set(compare.ARMS) == {"grpo", "empo2", "empo2_no_off_policy", "empo2_env_tips"}
+    assert compare.ARMS["empo2_no_off_policy"][1] == ["--memory.p_on_policy_tips=0.25", "--memory.p_off_policy=0"]
+    assert all(not arg.startswith("--train.seed") for arg in compare.SETTING)
