@@ -51,11 +51,19 @@ ARMS = {
 TIP_ROUNDS = 3  # `tips`: rounds with the base model's own tips after the no-memory round
 
 
+def code_version() -> str:
+    """The commit the runs were made with (plus a mark when the checkout has uncommitted changes)."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                           text=True).stdout.strip()
+    return f"{head or 'unknown'}{' (uncommitted changes)' if dirty else ''}"
+
+
 def run_command(cmd: list[str], log: Path) -> tuple[int, float]:
     """Run one process, its output appended to `log`; (exit code, wall seconds)."""
     start = time.perf_counter()
     with open(log, "a") as f:
-        f.write(f"\n$ {' '.join(cmd[1:])}\n")
+        f.write(f"\n# code {code_version()}\n$ {' '.join(cmd[1:])}\n")
         f.flush()
         code = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
     return code, time.perf_counter() - start
@@ -298,7 +306,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", default="0,1,2,3,4")
     parser.add_argument("--arms", default=",".join(ARMS))
     args, extra = parser.parse_known_args(argv)
-    out, seeds, arms = Path(args.out), [int(s) for s in args.seeds.split(",")], args.arms.split(",")
+    out, seeds, arms = Path(args.out).resolve(), [int(s) for s in args.seeds.split(",")], args.arms.split(",")
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
         sys.exit(f"unknown arm(s) {unknown}; known: {list(ARMS)}")
