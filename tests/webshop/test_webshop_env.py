@@ -82,6 +82,19 @@ def test_success_reward_mode_and_partial_score():
     for value in goal["goal_options"].values():
         env.step(act(f"click[{value}]"))
     assert env.step(act("click[buy now]"))[1] == 10.0
+    env.reset(Task("webshop", 0))  # the same perfect purchase, its last action without tags: 10 - 0.1 penalty
+    env.step(act(f"search[{goal['instruction_text']}]"))
+    env.step(act(f"click[{goal['asin'].lower()}]"))
+    for value in goal["goal_options"].values():
+        env.step(act(f"click[{value}]"))
+    _, reward, done, info = env.step("click[buy now]")
+    assert done and info["success"] and info["score"] == 100.0 and reward == pytest.approx(9.9)
+
+
+def test_the_paper_configs_train_on_the_success_reward():
+    from config import load_config
+    for name in ("webshop_empo2", "webshop_grpo"):
+        assert load_config(f"configs/{name}.yaml").env.webshop.reward_mode == "success"
 
 
 def test_invalid_and_illegal_actions(env):
