@@ -35,7 +35,7 @@ from config import load_config, split_cli
 from envs import make_env
 from generation import left_pad
 from losses import compute_old_logprobs, group_advantages, length_buckets, padded_tokens, samples_loss
-from memory import TipMemory, make_scorer
+from memory import TipMemory
 from models import load_policy
 from rollout import ChatStream, run_episodes, write_tips
 from samples import build_samples, per_step_samples
@@ -231,8 +231,7 @@ def main(argv=None):
 
 def iteration_parts(model, chat, envs, tasks, cfg, long_cfg) -> None:
     """(c) packed vs per-step update and padding, (d) time shares, on one memory-mode iteration."""
-    memory = TipMemory(cfg.memory.capacity, cfg.memory.top_k, make_scorer(cfg.memory.similarity),
-                       cfg.memory.similarity_threshold)
+    memory = TipMemory.from_config(cfg.memory)
     env_timer = Timed(envs, ["reset", "step"])
     memory_timer = Timed([memory], ["retrieve", "stage", "sync", "visit", "visit_count"])
     episodes, rollout_wall = play(model, chat, envs, tasks, long_cfg, True, seed=0, memory=memory,
@@ -304,8 +303,7 @@ def per_mode_iterations(model, chat, envs, tasks, cfg) -> dict:
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.train.lr)
     start = [p.detach().clone() for p in params]
-    memory = TipMemory(cfg.memory.capacity, cfg.memory.top_k, make_scorer(cfg.memory.similarity),
-                       cfg.memory.similarity_threshold)
+    memory = TipMemory.from_config(cfg.memory)
     mode_iteration(model, chat, envs, tasks, cfg, "no_memory", memory, optimizer, accelerator, seed=0)  # warm-up
     frozen = memory.state_dict()
     rows = {}

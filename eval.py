@@ -41,7 +41,7 @@ from config import Config, ConfigError, config_help, load_config, split_cli, to_
 from envs import make_env_pool
 from envs.base import Task
 from models import load_policy, load_trainable
-from memory import TipEntry, TipMemory, make_scorer
+from memory import TipEntry, TipMemory
 from metrics import episode_record, sample_for_log, write_episodes
 from rollout import ChatStream, run_episodes, tip_entries, write_tips
 from runtime import LaunchError, check_launch, derive_seed, gather_objects, make_accelerator
@@ -203,8 +203,7 @@ def adapt_with_memory(model, chat: ChatStream, envs: list, cases: list[Case], cf
     log(step, records): called with each step's episode records (a seeded sample of `train.log_episodes`).
     Returns the per-step statistics, the best step (highest mean return among steps >= 1), its gain over step 0
     (absolute, and relative to |step 0|, as the paper's "+137.5 %"), and the final memory."""
-    memory = TipMemory(cfg.memory.capacity, cfg.memory.top_k, make_scorer(cfg.memory.similarity,
-                       cfg.memory.embedding_model), cfg.memory.similarity_threshold)
+    memory = TipMemory.from_config(cfg.memory)
     model.eval()
     per_step = []
     for step in range(steps + 1):

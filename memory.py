@@ -1,6 +1,8 @@
 """The tip memory and the novelty counts of EMPO² (paper §4.1-4.2; docs/algorithm.md, "Memory and tips").
 
-Plain Python, keyed by task (`Task.key` = "task-name/variation" or "webshop/goal-index").
+Plain Python, keyed by task (`Task.key` = "task-name/variation" or "webshop/goal-index"). Deviation, a flag:
+`key_by="family"` (memory.key) stores every variation's / goal's tips in one slot per task family ("webshop"), so
+that slots recur when rows rarely do (16 of thousands of WebShop goals per iteration); novelty stays per task.
 
 Tips. After every training episode the policy writes one sentence about it (rollout.write_tips). For every step i
 of that episode one `TipEntry(tip, action_i, return, state_i)` is stored, rendered exactly like the reference:
@@ -126,7 +128,11 @@ class TipMemory:
         top_k: int = 10,
         scorer: Callable[[str, str], float] | str | None = None,
         threshold: float = 0.5,
+        key_by: str = "task",
     ):
+        if key_by not in ("task", "family"):
+            raise ValueError(f"unknown memory key {key_by!r} (task | family)")
+        self.key_by = key_by
         self.capacity = capacity
         self.top_k = top_k
         self.scorer = make_scorer(scorer) if isinstance(scorer, str) else scorer
@@ -137,9 +143,20 @@ class TipMemory:
         self.pending_tips: list[tuple[str, TipEntry]] = []
         self.pending_visits: list[tuple[str, str]] = []
 
+    @classmethod
+    def from_config(cls, memory_config) -> "TipMemory":
+        """The memory a run's `memory` config section describes."""
+        c = memory_config
+        return cls(c.capacity, c.top_k, make_scorer(c.similarity, c.embedding_model), c.similarity_threshold, c.key)
+
     # ------------------------------------------------------------------ tips
+    def slot(self, key: str) -> str:
+        """The tip slot of a task key: the task itself, or its family (the part before the last "/")."""
+        return key if self.key_by == "task" else key.rsplit("/", 1)[0]
+
     def add(self, key: str, entry: TipEntry) -> bool:
         """Insert now (no sync). Returns False for an exact duplicate."""
+        key = self.slot(key)
         text = entry.render()
         seen = self.rendered.setdefault(key, set())
         if text in seen:
@@ -156,7 +173,7 @@ class TipMemory:
         self.pending_tips.append((key, entry))
 
     def retrieve(self, key: str, state: str = "") -> list[TipEntry]:
-        candidates = list(self.entries.get(key, ()))
+        candidates = list(self.entries.get(self.slot(key), ()))
         if self.scorer is not None:
             candidates = [e for e in candidates if self.scorer(state, e.state) > self.threshold]
         # sorted() is stable: equal returns keep insertion order, as in the reference.
@@ -164,7 +181,7 @@ class TipMemory:
 
     def size(self, key: str | None = None) -> int:
         if key is not None:
-            return len(self.entries.get(key, ()))
+            return len(self.entries.get(self.slot(key), ()))
         return sum(len(slot) for slot in self.entries.values())
 
     # ------------------------------------------------------------------ novelty

@@ -57,6 +57,7 @@ def episode_metrics(episodes: list[EpisodeStats], memory=None) -> dict:
         out[f"truncated_{reason}"] = sum(ep.truncated == reason for ep in episodes) / n
     steps = [k for ep in episodes for k in ep.tips_retrieved]
     out["tips_retrieved"] = float(np.mean(steps)) if steps else 0.0
+    out["tip_hit_rate"] = float(np.mean([k > 0 for k in steps])) if steps else 0.0  # steps shown >= 1 tip
     actions = sum(ep.num_actions for ep in episodes)
     out["action_corrected_rate"] = sum(ep.corrected for ep in episodes) / actions if actions else 0.0
     bonus = [b for ep in episodes for b in ep.intrinsic]

@@ -51,7 +51,7 @@ from envs import make_env_pool
 from eval import evaluate
 from losses import (compute_old_logprobs, gigpo_step_advantages, group_advantages, length_buckets, novelty_advantages,
                     padded_tokens, samples_loss)
-from memory import TipMemory, make_scorer
+from memory import TipMemory
 from metrics import (EpisodeStats, MetricsLogger, episode_record, merge_rank_metrics, plot_metrics, sample_for_log,
                      write_episodes)
 from models import ModelLoadError, load_policy
@@ -272,9 +272,7 @@ def train(cfg: Config) -> dict:
                                   weight_decay=cfg.train.weight_decay)
     memory = None
     if cfg.memory.enabled or cfg.intrinsic.coef > 0:
-        memory = TipMemory(cfg.memory.capacity, cfg.memory.top_k,
-                           make_scorer(cfg.memory.similarity, cfg.memory.embedding_model),
-                           cfg.memory.similarity_threshold)
+        memory = TipMemory.from_config(cfg.memory)
 
     start = 1
     if checkpoint is not None:

@@ -108,3 +108,24 @@ def test_embedding_similarity_retrieves_by_meaning():
     memory.add("k", TipEntry(tip="dig", action="use shovel", ret=90.0, state=far))
     assert [e.action for e in memory.retrieve("k", query)] == ["open drawer"]
     assert len(scorer.cache) == 3  # every text embedded once
+
+
+def test_family_key_shares_tips_across_goals_and_keeps_novelty_per_task():
+    from config import ConfigError, MemoryConfig, load_config
+    memory = TipMemory.from_config(MemoryConfig(key="family", similarity="jaccard", similarity_threshold=0.3))
+    memory.stage("webshop/3", entry("buy the red one", state="red cotton shirt under 20 dollars", ret=10.0))
+    memory.stage("webshop/8", entry("sort by price", state="blue wool socks", ret=0.0))
+    memory.stage("boil/0", entry("heat it", state="red cotton shirt under 20 dollars"))
+    memory.sync()
+    assert memory.size("webshop/99") == 2 and memory.size("boil/5") == 1 and memory.size() == 3
+    # goal 7 was never played: its family slot holds goal 3's and goal 8's tips; Jaccard keeps goal 3's only:
+    # {red, cotton, shirt, under, 20, dollars} vs {red, cotton, shirt, 30, dollars}: 4 shared / 7 = 0.57 > 0.3
+    assert [e.tip for e in memory.retrieve("webshop/7", "red cotton shirt 30 dollars")] == ["buy the red one"]
+    assert memory.retrieve("sort/1", "red cotton shirt under 20 dollars") == []  # another family: nothing
+    per_task = TipMemory()  # the default: goal 7 sees nothing of goal 3
+    per_task.add("webshop/3", entry())
+    assert per_task.retrieve("webshop/7") == [] and len(per_task.retrieve("webshop/3")) == 1
+    memory.visit("webshop/3", "Search page")
+    assert memory.visit_count("webshop/3", "search page") == 1 and memory.visit_count("webshop/7", "search page") == 0
+    with pytest.raises(ConfigError, match="memory.key"):
+        load_config(None, ["--memory.key=goal"])
