@@ -22,12 +22,14 @@ the reference's bug); the off-policy update scores the actions in that context. 
 WebShop style) each step is its own prompt and its own sample, with a tip and a tip-free prompt.
 
 Deviations: the tip is written from the episode's with-tip stream plus one user turn holding the final observation
-and the tip prompt (the reference sends them as two user messages, its tips as plain text without tags); the
-intrinsic reward is a real novelty count (memory.py).
+and the tip prompt (the reference sends them as two user messages, its tips as plain text without tags); with a
+history window the tip sees the whole trajectory (`trajectory_text`), not the last window; the intrinsic reward is a
+real novelty count (memory.py).
 """
 from __future__ import annotations
 
 import random
+import re
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -374,9 +376,29 @@ def clean_tip(text: str, max_words: int = 100) -> str:
     return ""
 
 
-def tip_context(chat: ChatStream, ep: Episode) -> list[int]:
-    """The episode as the model saw it + one user turn with the final observation and the tip prompt."""
-    history = ep.steps[-1].ids + ep.steps[-1].action_ids if ep.steps else ep.ids  # window: last prompt + action
+def trajectory_text(ep: Episode, observation_chars: int) -> str:
+    """A history-window episode as one message for its tip: its first message (the task), then every action (its
+    <think> part dropped) and the observation it led to, each observation cut to its first `observation_chars`."""
+    lines = [ep.observations[0], "", "Your actions and what followed:"]
+    for t, (action, obs) in enumerate(zip(ep.actions, ep.observations[1:] + [ep.final_observation]), 1):
+        action = re.sub(r"<think>.*?</think>", "", action, flags=re.S).strip()
+        obs = obs if len(obs) <= observation_chars else obs[:observation_chars] + " ..."
+        lines.append(f"Action {t}: {action}\nObservation {t}: {obs}")
+    return "\n".join(lines)
+
+
+def tip_context(chat: ChatStream, ep: Episode, budget: int = 1 << 30) -> list[int]:
+    """The episode as the model saw it + one user turn with the final observation and the tip prompt. A window-
+    layout episode saw only its last window: it gets its whole trajectory instead (trajectory_text), observations
+    cut shorter until the context fits `budget` tokens, so the reflection sees the first search query too."""
+    if ep.layout == "window" and ep.observations:
+        chars = 400
+        while True:
+            ids = chat.first_turn(trajectory_text(ep, chars) + "\n\n" + TIP_PROMPT)
+            if len(ids) <= budget or chars == 0:
+                return ids
+            chars //= 2
+    history = ep.steps[-1].ids + ep.steps[-1].action_ids if ep.steps else ep.ids
     if not history:
         return chat.first_turn(ep.final_observation + "\n\n" + TIP_PROMPT)
     return history + chat.close_action(ep.last_action_ids) + chat.next_turn(ep.final_observation + "\n\n" + TIP_PROMPT)
@@ -388,7 +410,8 @@ def write_tips(model, chat: ChatStream, episodes: list[Episode], memory: TipMemo
     `memory` (None: the caller stores them). An episode's KV cache (run_episodes(keep_caches=True)) is reused: only
     the tip turn is encoded, then freed."""
     todo = [ep for ep in episodes if ep.num_actions > 0]
-    caches = [ep.kv_cache for ep in todo] if kv_reuse_enabled(model, cfg) else None
+    # a window-layout tip context is the whole trajectory, not the cached last window: nothing to reuse
+    caches = [None if ep.layout == "window" else ep.kv_cache for ep in todo] if kv_reuse_enabled(model, cfg) else None
     for ep in episodes:
         ep.kv_cache = None
     if not todo:
@@ -396,7 +419,8 @@ def write_tips(model, chat: ChatStream, episodes: list[Episode], memory: TipMemo
     if cfg.tip_source == "environment":  # the ablation: no generation, the environment's tip (Env.oracle_tip)
         tips = [ep.oracle_tip for ep in todo]
     else:  # only the first line is kept (clean_tip): stop there; the caches are dropped after this call: no split
-        outputs = generate_actions(model, chat, [tip_context(chat, ep) for ep in todo], caches,
+        budget = cfg.max_prompt_tokens - cfg.tip_max_tokens
+        outputs = generate_actions(model, chat, [tip_context(chat, ep, budget) for ep in todo], caches,
                                    max_new_tokens=cfg.tip_max_tokens, temperature=cfg.tip_temperature,
                                    batch_size=cfg.generation_batch_size, seeds=row_seeds(todo, "tip"),
                                    keep_caches=False, stop=chat.first_line_stop())

@@ -195,3 +195,25 @@ def test_hostile_model_output_is_a_step_not_a_crash(env):
         if not done:
             _, _, _, info = env.step(act("search[red shoes]"))
             assert info["legal"] and env.engine.page == "results"
+
+
+def test_a_window_episodes_tip_context_holds_its_whole_trajectory(policy):
+    """History window 2 (the WebShop configs): the last step's prompt no longer shows the first search, the tip's
+    context (rollout.tip_context) does, <think> parts dropped, observations cut to fit a budget."""
+    from rollout import TIP_PROMPT, ChatStream, Episode, tip_context
+    chat = ChatStream(policy[1])
+    env, task = WebShopEnv(WebShopConfig()), Task("webshop", 0)
+    ep = Episode(task=task, group=0, mode="no_memory", layout="window")
+    ep.observations.append(env.reset(task))
+    first = f"search[{env.world.goals[0]['instruction_text']}]"
+    for action in [first] + [f"search[query number {t}]" for t in range(2, 7)]:
+        obs, _, _, _ = env.step(act(action))
+        ep.actions.append(act(action))
+        ep.observations.append(obs)
+    ep.final_observation = ep.observations.pop()
+    assert first not in env.window_prompt(2) and "query number 6" in env.window_prompt(2)
+    text = chat.decode(tip_context(chat, ep, budget=4096))
+    assert f"Action 1: <action>{first}</action>" in text and "Action 6: <action>search[query number 6]" in text
+    assert "<think>reasoning" not in text and text.rstrip().endswith(TIP_PROMPT + "\nassistant")
+    full, short = len(tip_context(chat, ep)), tip_context(chat, ep, budget=len(tip_context(chat, ep)) - 200)
+    assert len(short) <= full - 200 and first in chat.decode(short)
