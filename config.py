@@ -173,6 +173,10 @@ class LossConfig:
     # GiGPO's episode-level statistics: "step" = mean/std over every step row of the group (verl-agent's default
     # compute_mean_std_cross_steps: longer episodes weigh more); "episode" = one score per episode (GiGPO Eq. 3).
     gigpo_episode_stats: str = "step"
+    # + kl_coef x KL(pi || pi_ref) per action token, weighted as the surrogate (verl-agent: 0.01, low_var_kl; the
+    # paper's ScienceWorld recipe: 0). pi_ref = the base model, LoRA adapters disabled (needs model.lora).
+    kl_coef: float = 0.0
+    kl_estimator: str = "low_var_kl"  # low_var_kl (k3) | k1 | k2 (losses.reference_kl)
 
 
 @dataclass
@@ -237,10 +241,14 @@ class Config:
             "loss.advantage": (self.loss.advantage, {"grpo", "gigpo"}),
             "loss.aggregation": (self.loss.aggregation, {"step", "episode", "token"}),
             "loss.gigpo_episode_stats": (self.loss.gigpo_episode_stats, {"step", "episode"}),
+            "loss.kl_estimator": (self.loss.kl_estimator, {"low_var_kl", "k1", "k2"}),
         }
         for key, (value, allowed) in choices.items():
             if value not in allowed:
                 raise ConfigError(f"{key}={value!r} is not one of {sorted(allowed)}")
+        if self.loss.kl_coef and not self.model.lora:
+            raise ConfigError("loss.kl_coef > 0 needs model.lora=true: the reference policy is the base model with the "
+                              "adapters disabled; a frozen full-fine-tuning reference copy is not built yet")
         if self.loss.advantage == "gigpo" and self.rollout.history_window < 0:
             raise ConfigError("loss.advantage=gigpo gives every step its own advantage, so it needs one sample per "
                               "step: set rollout.history_window >= 0 (WebShop configs use 2)")

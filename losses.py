@@ -20,9 +20,9 @@ Paper map (arXiv 2602.23008; the equations are written out in docs/algorithm.md)
 * `clipped_policy_loss` - Eq. 1 with the reference's clip values: ratio = exp(logp - old_logp), asymmetric clip
                           [1 - 0.2, 1 + 0.3], dual clip c = 10 for negative advantages; Eq. 2's low-probability
                           token mask (drop tokens whose current probability is below delta, log delta = -5) for
-                          the modes it is configured for (default: off-policy only); no KL, no entropy term.
-* `action_logprobs`     - log pi(a_t | context) of the action tokens only, in fp32, plus the policy entropy there
-                          (a metric: computed without autograd, in chunks).
+                          the modes it is configured for (default: off-policy only); no entropy term; + kl_coef x
+                          KL(pi || pi_ref) as verl-agent (`reference_kl`, WebShop; 0 for ScienceWorld as the paper).
+* `action_logprobs`     - log pi(a_t | context) of action tokens only, in fp32, + the entropy (a metric, no grad).
 * `sequence_action_logprobs`, `compute_old_logprobs`, `samples_loss` - the model-facing side: one forward pass
                           over right-padded sequences whose LM head sees only each row's own action positions
                           (a [sum of action tokens, V] logit tensor), the old log-probs once per iteration,
@@ -259,6 +259,19 @@ def entropy_metric(log_probs: torch.Tensor, chunk: int = 256) -> torch.Tensor:
     return out.reshape(log_probs.shape[:-1])
 
 
+def reference_kl(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "low_var_kl") -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) at the sampled tokens (verl's kl_penalty), [S, T] -> [S, T]:
+    k1 = logp - ref; k2 = (logp - ref)^2 / 2; low_var_kl (k3) = exp(ref - logp) - (ref - logp) - 1, in [-10, 10]."""
+    diff = logp - ref_logp
+    if estimator == "k1":
+        return diff
+    if estimator == "k2":
+        return 0.5 * diff.square()
+    if estimator == "low_var_kl":
+        return torch.clamp(torch.exp(-diff) + diff - 1.0, -10.0, 10.0)
+    raise ValueError(f"unknown KL estimator {estimator!r} (low_var_kl | k1 | k2)")
+
+
 def clipped_policy_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -273,6 +286,9 @@ def clipped_policy_loss(
     entropy: torch.Tensor | None = None,
     token_weights: torch.Tensor | None = None,
     normaliser: float | None = None,
+    ref_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "low_var_kl",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The per-token clipped surrogate, masked and aggregated.
 
@@ -285,6 +301,8 @@ def clipped_policy_loss(
     entropy:       [S, T] optional, only for the metric
     token_weights: [S, T] each token's weight w (`loss_weights`); default 1 / (action tokens of its sample)
     normaliser:    what the weighted sum is divided by (the mini-batch's units, all ranks); default S
+    ref_logp:      [S, T] reference-policy log-probs (no grad): + kl_coef x KL(pi || pi_ref), the same weights,
+                   over every action token (the low-probability mask drops only the surrogate, as verl)
 
     Returns (loss = sum_{s,t} w * keep * l / normaliser, metrics: floats over action tokens). With the defaults:
     the mean over samples of per-sample token means.
@@ -313,6 +331,9 @@ def clipped_policy_loss(
     if normaliser is None:
         normaliser = float(logp.shape[0])
     loss = (token_loss * keep * token_weights).sum() / max(normaliser, 1e-12)
+    kl = None if ref_logp is None else reference_kl(logp, ref_logp, kl_estimator) * action_mask
+    if kl is not None and kl_coef:
+        loss = loss + kl_coef * (kl * token_weights).sum() / max(normaliser, 1e-12)
 
     with torch.no_grad():
         n_tokens = action_mask.sum().clamp(min=1.0)
@@ -330,6 +351,8 @@ def clipped_policy_loss(
             "approx_kl": ((((ratio - 1) - log_ratio).detach() * keep).sum() / n_kept).item(),
             "action_tokens": float(action_mask.sum().item()),
         }
+        if kl is not None:
+            metrics["kl_ref"] = (kl.detach().sum() / n_tokens).item()
         if entropy is not None:
             metrics["entropy"] = ((entropy.detach() * action_mask).sum() / n_tokens).item()
     return loss, metrics
@@ -422,6 +445,24 @@ def compute_old_logprobs(model, samples, pad_id: int, device, micro_batch_size: 
     return padded_tokens(lengths, buckets)
 
 
+@torch.no_grad()
+def compute_reference_logprobs(model, samples, pad_id: int, device, micro_batch_size: int) -> int:
+    """Fill `sample.ref_logp`: log pi_ref of every action token in the context the loss scores it in, once per
+    iteration; pi_ref = the base model, i.e. the LoRA policy with its adapters disabled (no second copy).
+    Returns the positions through the forward."""
+    model.eval()
+    peft_model = getattr(model, "module", model)  # under DDP the wrapper has no disable_adapter
+    lengths = [len(s.ids) for s in samples]
+    with peft_model.disable_adapter():
+        for bucket in length_buckets(lengths, micro_batch_size):
+            micro = [samples[j] for j in bucket]
+            logps, _ = sequence_action_logprobs(peft_model, [s.ids for s in micro], [s.mask for s in micro], pad_id,
+                                                device, [s.branches for s in micro])
+            for sample, logp in zip(micro, logps):
+                sample.ref_logp = logp.float().cpu().tolist()
+    return sum(lengths)
+
+
 def pad_rows(rows: list[torch.Tensor], device) -> torch.Tensor:
     """[n_i] tensors -> [S, max n_i], zero-padded."""
     return torch.nn.utils.rnn.pad_sequence([r.to(device) for r in rows], batch_first=True)
@@ -446,5 +487,7 @@ def samples_loss(model, micro, pad_id: int, device, loss_cfg, lowprob_mask: str,
         lowprob_mask=lowprob_mask, lowprob_logp_threshold=loss_cfg.lowprob_logp_threshold,
         entropy=pad_rows(entropies, device).detach(),
         token_weights=pad_rows([torch.tensor(s.weights, dtype=torch.float32) for s in micro], device),
-        normaliser=normaliser,
+        normaliser=normaliser, kl_coef=loss_cfg.kl_coef, kl_estimator=loss_cfg.kl_estimator,
+        ref_logp=pad_rows([torch.tensor(s.ref_logp) for s in micro], device) if all(s.ref_logp for s in micro)
+        else None,
     )

@@ -36,6 +36,7 @@ class Sample:
     old_mask: list[int]
     advantages: list[float]  # one per action token
     old_logp: list[float] = field(default_factory=list)  # filled by the trainer, one per action token
+    ref_logp: list[float] = field(default_factory=list)  # loss.kl_coef > 0: log pi_ref per action token (trainer)
     # Behaviour log-probs from several contexts instead of old_ids: [(ids, mask)] in action order (an off-policy
     # "current_turn" episode: one tip-free sequence to train on, but each action was played in its own step prompt).
     old_contexts: list[tuple[list[int], list[int]]] = field(default_factory=list)

@@ -49,8 +49,8 @@ from checkpoint import (CheckpointError, check_resume, find_checkpoint, load_che
 from config import Config, ConfigError, config_help, load_config, split_cli, to_dict
 from envs import make_env_pool
 from eval import evaluate
-from losses import (compute_old_logprobs, gigpo_step_advantages, group_advantages, length_buckets, novelty_advantages,
-                    padded_tokens, samples_loss)
+from losses import (compute_old_logprobs, compute_reference_logprobs, gigpo_step_advantages, group_advantages,
+                    length_buckets, novelty_advantages, padded_tokens, samples_loss)
 from memory import TipMemory
 from metrics import (EpisodeStats, MetricsLogger, episode_record, merge_rank_metrics, plot_metrics, sample_for_log,
                      write_episodes)
@@ -354,6 +354,9 @@ def train(cfg: Config) -> dict:
             with full_weights(model):  # the same compute-dtype weights the update's forwards gather layer by layer
                 old_pad, old_positions = compute_old_logprobs(model, samples, chat.pad_id, accelerator.device,
                                                               cfg.train.micro_batch_size)
+                if cfg.loss.kl_coef:  # log pi_ref once per iteration, as the old log-probs
+                    compute_reference_logprobs(model, samples, chat.pad_id, accelerator.device,
+                                               cfg.train.micro_batch_size)
             update_rng = random.Random(derive_seed(cfg.train.seed, "minibatches", iteration, rank))  # resume-exact
             update_metrics = update(model, optimizer, samples, cfg, accelerator, mode, chat.pad_id, update_rng,
                                     sharded=launch.fsdp)

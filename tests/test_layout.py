@@ -99,7 +99,7 @@ def module_docstring_lines(path: Path) -> int:
 
 def test_core_files_and_docstrings_stay_small():
     for name in CORE:
-        assert len((ROOT / name).read_text().splitlines()) <= 450, name
+        assert len((ROOT / name).read_text().splitlines()) <= 500, name  # the guide's ~300-500 lines per file
     for path in project_modules().values():
         assert module_docstring_lines(path) <= 40, path
 

@@ -242,3 +242,62 @@ def test_weighted_sum_over_a_normaliser_by_hand():
     assert torch.allclose(logp.grad, torch.tensor([[-1 / 6, -1 / 6, -1 / 3], [-1.0, 0.0, 0.0]]))
     default, _ = clipped_policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), adv, mask)
     assert default.item() == pytest.approx(-2.0)
+
+
+def test_reference_kl_estimators_by_hand():
+    from losses import reference_kl
+    logp = torch.tensor([[math.log(0.5), math.log(0.25), 0.0]])
+    ref = torch.tensor([[math.log(0.25), math.log(0.5), 20.0]])
+    d = math.log(2.0)  # logp - ref of token 1; token 2: -d; token 3: -20
+    assert reference_kl(logp, ref, "k1").tolist()[0] == pytest.approx([d, -d, -20.0], abs=1e-6)
+    assert reference_kl(logp, ref, "k2").tolist()[0] == pytest.approx([d * d / 2, d * d / 2, 200.0], abs=1e-5)
+    # k3 = exp(ref - logp) - (ref - logp) - 1: 0.5 + d - 1, 2 - d - 1, exp(20) - 21 clamped to 10
+    assert reference_kl(logp, ref, "low_var_kl").tolist()[0] == pytest.approx([d - 0.5, 1 - d, 10.0], abs=1e-6)
+    with pytest.raises(ValueError, match="k4"):
+        reference_kl(logp, ref, "k4")
+
+
+def test_kl_term_adds_coef_times_weighted_kl_and_its_gradient():
+    logp = torch.tensor([[math.log(0.5), math.log(0.25)]], requires_grad=True)
+    ref = torch.tensor([[math.log(0.25), math.log(0.5)]])
+    zero = torch.zeros(1, 2)
+    loss, metrics = clipped_policy_loss(logp, logp.detach(), zero, torch.ones(1, 2), ref_logp=ref, kl_coef=0.01)
+    d = math.log(2.0)  # zero advantages: only the KL term; token weights 1/2 each, one sample
+    assert loss.item() == pytest.approx(0.01 * ((d - 0.5) + (1 - d)) / 2, abs=1e-9)  # = 0.0025
+    assert metrics["kl_ref"] == pytest.approx(0.25, abs=1e-6)
+    loss.backward()  # d k3 / d logp = 1 - exp(ref - logp): 1 - 0.5, 1 - 2
+    assert logp.grad.tolist()[0] == pytest.approx([0.01 * 0.5 / 2, 0.01 * -1.0 / 2], abs=1e-9)
+    no_kl, _ = clipped_policy_loss(logp, logp.detach(), zero, torch.ones(1, 2), ref_logp=ref, kl_coef=0.0)
+    assert no_kl.item() == 0.0
+
+
+def test_reference_logprobs_are_the_base_models_with_lora_disabled(policy):
+    from config import ModelConfig
+    from losses import compute_reference_logprobs
+    from models import load_policy
+    from samples import Sample
+    model, tokenizer = policy
+    lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
+    saved = [p.detach().clone() for p in lora_b]
+    ids = tokenizer("Your task is to boil water. > look around. You see a stove and a pot.")["input_ids"]
+    mask = [0] * 6 + [1] * (len(ids) - 6)
+    sample = Sample(ids=ids, mask=mask, old_ids=ids, old_mask=mask, advantages=[1.0] * (len(ids) - 6))
+    try:
+        with torch.no_grad():
+            for p in lora_b:
+                p.normal_(0, 0.05)  # adapters that change the policy, so that disabling them matters
+        compute_reference_logprobs(model, [sample], tokenizer.pad_token_id, "cpu", 4)
+        with torch.no_grad():
+            adapted = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+    finally:
+        with torch.no_grad():
+            for p, value in zip(lora_b, saved):
+                p.copy_(value)
+    base, _ = load_policy(ModelConfig(lora=False))  # an independent copy of the base weights, no peft at all
+    with torch.no_grad():
+        log_probs = torch.log_softmax(base(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+    positions = range(5, len(ids) - 1)  # position t predicts token t + 1: the action tokens 6..
+    expected = [log_probs[t, ids[t + 1]].item() for t in positions]
+    assert len(sample.ref_logp) == len(expected)
+    assert max(abs(a - b) for a, b in zip(sample.ref_logp, expected)) <= 1e-5
+    assert max(abs(adapted[t, ids[t + 1]].item() - e) for t, e in zip(positions, expected)) > 1e-3
