@@ -88,6 +88,10 @@ class RolloutConfig:
     # what the episode's feedback revealed (Env.oracle_tip; the sanity environment only), which separates the
     # hybrid update from the quality of the tips a small model writes (docs/sanity.md, "EMPO² vs GRPO").
     tip_source: str = "policy"
+    # Text every action turn starts with, placed in the context after the generation prompt (never generated, never
+    # trained) and prepended to what the environment receives. "" = the paper. A CPU setting for small models:
+    # "<action>" makes SmolLM2-135M write a WebShop action (well-formed 0 % -> 75 %, results/webshop_cpu/probe.md).
+    action_prefix: str = ""
     generation_batch_size: int = 0  # 0 = all live episodes in one generate call; >0 caps the batch
     # Keep each episode's KV cache between turns and feed only the new tokens (generation.py); the group's shared
     # first message is encoded once and the tip reuses the episode's cache. false = re-encode every turn.

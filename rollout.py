@@ -178,9 +178,11 @@ def row_seeds(episodes: list[Episode], *parts) -> list[int] | None:
     return None if any(ep.seed is None for ep in episodes) else [derive_seed(ep.seed, *parts) for ep in episodes]
 
 
-def full_history_turn(chat: ChatStream, ep: Episode, observation: str, block: str, reminder: str = ""):
+def full_history_turn(chat: ChatStream, ep: Episode, observation: str, block: str, reminder: str = "",
+                      prefix: list[int] = ()):
     """(prompt delta, tip-free delta, model context) for the next turn of an append-only episode: a later user turn
-    is observation + tip block + `reminder` (Env.turn_reminder; the first message holds the whole instruction).
+    is observation + tip block + `reminder` (Env.turn_reminder; the first message holds the whole instruction),
+    then the generation prompt and `prefix` (rollout.action_prefix's ids: the start of the assistant's answer).
     With the "current_turn" layout `ep.ids` is tip-free, so the context holds only this turn's tips."""
     if not ep.ids:
         delta, twin_delta = chat.first_turn(observation + block), chat.first_turn(observation)
@@ -188,6 +190,7 @@ def full_history_turn(chat: ChatStream, ep: Episode, observation: str, block: st
         closing = chat.close_action(ep.last_action_ids)
         delta = closing + chat.next_turn(observation + block + reminder)
         twin_delta = closing + chat.next_turn(observation + reminder)
+    delta, twin_delta = delta + list(prefix), twin_delta + list(prefix)
     return delta, twin_delta, ep.ids + delta
 
 
@@ -219,12 +222,12 @@ def check_prompt_budget(chat: ChatStream, env: Env, tasks: list[Task], cfg: Roll
         check_first_turn(task, len(chat.first_turn(env.reset(task))), env.step_limit(task), cfg, reminder)
 
 
-def window_turn(chat: ChatStream, env: Env, window: int, block: str, reminder: str = ""):
+def window_turn(chat: ChatStream, env: Env, window: int, block: str, reminder: str = "", prefix: list[int] = ()):
     """(prompt, tip-free prompt, model context) of a history-window step: a fresh one-turn conversation, its tips
-    and then the reminder last (the reference's order)."""
+    and then the reminder last (the reference's order), then `prefix` (rollout.action_prefix's ids)."""
     text = env.window_prompt(window)
-    delta = chat.first_turn(text + block + reminder)
-    return delta, chat.first_turn(text + reminder), delta
+    delta = chat.first_turn(text + block + reminder) + list(prefix)
+    return delta, chat.first_turn(text + reminder) + list(prefix), delta
 
 
 def kv_reuse_enabled(model, cfg: RolloutConfig) -> bool:
@@ -286,6 +289,7 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
     reached: list[list[str | None]] = [[] for _ in episodes]  # the state after each step (None: env crashed)
     reuse = kv_reuse_enabled(model, cfg)
     caches: list[PrefixCache | None] = [None] * len(episodes)  # each episode's KV cache (generation.py)
+    prefix = chat.encode(cfg.action_prefix) if cfg.action_prefix else []  # in the context, never trained
 
     step = 0
     while True:
@@ -297,9 +301,9 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
             block = chat.plain(tip_block(retrieved))  # tips are model-written: no special tokens in a prompt
             reminder = envs[i].turn_reminder() if step > 0 else ""
             if windowed:
-                delta, twin_delta, context = window_turn(chat, envs[i], cfg.history_window, block, reminder)
+                delta, twin_delta, context = window_turn(chat, envs[i], cfg.history_window, block, reminder, prefix)
             else:
-                delta, twin_delta, context = full_history_turn(chat, ep, observations[i], block, reminder)
+                delta, twin_delta, context = full_history_turn(chat, ep, observations[i], block, reminder, prefix)
                 if step == 0:  # the tip-free first message: stop before playing an episode that cannot fit
                     check_first_turn(ep.task, len(twin_delta), envs[i].step_limit(ep.task), cfg,
                                      len(chat.encode(envs[i].turn_reminder())))
@@ -333,7 +337,7 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
             caches[i] = cache
         for i, action_ids, logp in zip(live, actions, logps):
             episodes[i].add_action(action_ids, logp)
-            episodes[i].actions.append(chat.decode(action_ids).strip())
+            episodes[i].actions.append((cfg.action_prefix + chat.decode(action_ids)).strip())
         texts = [episodes[i].actions[-1] for i in live]
 
         results = list(pool.map(lambda pair: envs[pair[0]].step(pair[1]), zip(live, texts)))

@@ -25,6 +25,10 @@ class WebShopConfig:
     reward_mode: str = "score"  # score: 100 x task reward at purchase | success: 10 x (reward == 1)
     invalid_action_penalty: float = 0.1  # subtracted when the output is malformed (verl-agent 0.1)
     require_think: bool = True  # a missing <think>...</think> block makes the output malformed
+    # paper: the EMPO² / verl-agent instruction (reason in <think>, then <action>). short: a CPU setting for small
+    # models (configs/webshop_cpu_*.yaml): the same observation and actions, then "reply with one admissible action
+    # inside <action></action> tags" with two examples and no <think> (use with require_think: false)
+    prompt: str = "paper"
     max_steps: int = 15  # env steps per episode (verl-agent / EMPO²); then truncated, score 0
     search_from_any_page: bool = True  # original WebShop executes search[...] on every page
     # Nouns for the type reward: auto = spaCy (as WebShop) when spaCy and an English model are
@@ -38,6 +42,7 @@ class WebShopConfig:
             "goal_source": (self.goal_source, ("synthetic", "human")),
             "reward_mode": (self.reward_mode, ("score", "success")),
             "noun_extractor": (self.noun_extractor, ("auto", "heuristic", "spacy")),
+            "prompt": (self.prompt, ("paper", "short")),
         }
         for key, (value, allowed) in choices.items():
             if value not in allowed:

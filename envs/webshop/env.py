@@ -16,7 +16,8 @@ Maps to docs/webshop.md §7 (verl-agent / EMPO² setup; the EMPO² paper's WebSh
     info["score"] = 100 x task reward of the purchase (0 before buying), info["success"] =
     (task reward == 1.0), info["truncated"] = max_steps reached without buying, info["penalty"] = the
     invalid-action penalty of this step (0.0 when well-formed; already in the returned reward).
-  * prompts: `window_prompt(k)` renders the paper's template with the last k (observation, action)
+  * prompts (`prompt: paper`; `short` ends with a one-line action instruction and examples instead, for
+    small CPU models): `window_prompt(k)` renders the paper's template with the last k (observation, action)
     pairs; with no history (step 0, or k = 0) it renders verl-agent's no-history variant (the same
     text without the history sentences); longer than `max_prompt_chars` -> no-history variant.
     `reset` returns the step-0 rendering; `step` returns the new observation + admissible actions
@@ -59,6 +60,13 @@ PROMPT_TAIL = (
     "shopping goal. This reasoning process MUST be enclosed within <think></think> tags. Once you've "
     "finished your reasoning, you should choose an admissible action for current step and present it "
     "within <action></action> tags."
+)
+
+# env.webshop.prompt: short (a CPU setting: SmolLM2-135M never writes the paper's <think>/<action> format)
+PROMPT_TAIL_SHORT = (
+    "Your admissible actions of the current situation are: [{actions}]. "
+    "Reply with exactly one admissible action inside <action></action> tags and nothing else, for example "
+    "<action>search[red cotton t-shirt]</action> or <action>click[buy now]</action>."
 )
 
 _ACTION_TAG = re.compile(r"<action>(.*?)</action>", re.DOTALL | re.IGNORECASE)
@@ -147,7 +155,8 @@ class WebShopEnv(Env):
     def window_prompt(self, window: int) -> str:
         observation = self.current_observation()
         k = len(self.history) if window < 0 else min(window, len(self.history))
-        tail = PROMPT_TAIL.format(actions=format_actions(self.admissible_actions()))
+        tail = (PROMPT_TAIL if self.config.prompt == "paper" else PROMPT_TAIL_SHORT).format(
+            actions=format_actions(self.admissible_actions()))
         head = PROMPT_HEAD.format(task=self.engine.instruction)
         short = head + PROMPT_NO_HISTORY.format(observation=observation) + tail
         if k <= 0:

@@ -217,3 +217,36 @@ def test_a_window_episodes_tip_context_holds_its_whole_trajectory(policy):
     assert "<think>reasoning" not in text and text.rstrip().endswith(TIP_PROMPT + "\nassistant")
     full, short = len(tip_context(chat, ep)), tip_context(chat, ep, budget=len(tip_context(chat, ep)) - 200)
     assert len(short) <= full - 200 and first in chat.decode(short)
+
+
+@pytest.mark.parametrize("window", [2, -1])
+def test_action_prefix_is_context_not_action(policy, window):
+    """rollout.action_prefix (the CPU setting): every step's context ends with the prefix ids, the environment
+    receives prefix + generated text, and the trained tokens are only the generated ones."""
+    from config import RolloutConfig
+    from rollout import ChatStream, run_episodes
+    from samples import build_samples
+    model, tokenizer = policy
+    chat = ChatStream(tokenizer)
+    prefix = chat.encode("<action>")
+    cfg = RolloutConfig(action_prefix="<action>", history_window=window, max_action_tokens=12,
+                        max_prompt_tokens=4096, kv_reuse=True)
+    config = WebShopConfig(max_steps=2, prompt="short", require_think=False)
+    envs = [WebShopEnv(config) for _ in range(2)]
+    eps = run_episodes(model, chat, envs, [Task("webshop", 600)] * 2, [0, 0], mode="no_memory", memory=None, cfg=cfg,
+                       seeds=[1, 2])
+    for ep in eps:
+        assert ep.actions and all(a.startswith("<action>") for a in ep.actions)
+        if window >= 0:  # one prompt per step, the prefix last; the action ids follow it
+            assert all(s.ids[-len(prefix):] == prefix and s.twin_ids[-len(prefix):] == prefix for s in ep.steps)
+        else:  # the append-only stream: the prefix right before every action, outside the mask
+            runs = [i for i in range(len(ep.mask)) if ep.mask[i] and (i == 0 or not ep.mask[i - 1])]
+            assert len(runs) == len(ep.actions)
+            assert all(ep.ids[r - len(prefix):r] == prefix and not any(ep.mask[r - len(prefix):r]) for r in runs)
+    samples = build_samples(eps, [1.0] * len(eps))
+    trained = [t for s in samples for t, m in zip(s.ids, s.mask) if m]
+    generated = [t for ep in eps for step_ids in ([s.action_ids for s in ep.steps] if window >= 0 else
+                 [[t for t, m in zip(ep.ids, ep.mask) if m]]) for t in step_ids]
+    assert sorted(trained) == sorted(generated)
+    text = envs[0].window_prompt(0)
+    assert "Reply with exactly one admissible action inside <action></action> tags" in text and "<think>" not in text
