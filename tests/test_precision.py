@@ -90,7 +90,8 @@ def test_fp32_head_logprobs_are_closer_to_the_fp32_models(folder):
     pad = tokenizer.pad_token_id
     seqs, masks = sampled_sequences(reference, tokenizer)
     exact = scores(reference, seqs, masks, pad)
-    delta = {head: (scores(load(folder, "bfloat16", head)[0], seqs, masks, pad) - exact).abs() for head in (True, False)}
+    delta = {head: (scores(load(folder, "bfloat16", head)[0], seqs, masks, pad) - exact).abs()
+             for head in (True, False)}
     assert delta[True].mean() < delta[False].mean()
     assert delta[True].mean() <= 0.02 and delta[True].max() <= 0.15
 
