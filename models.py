@@ -306,9 +306,10 @@ def load_policy(cfg, device=None, autocast_forward: bool = True):
 def use_fp32_lm_head(model, trainable: bool = False) -> int:
     """Make the LM head compute in fp32: its weight fp32, its input (the final hidden state) cast up, autocast off.
 
-    Why: in bf16 the head's output is rounded to 8 mantissa bits (a logit near 20 moves in steps of 1/16), and the
-    rounding falls differently in a batched decode step (sampling, recorded log-probs) and in a full forward
-    (scoring), so the behaviour and the "old" policy would differ by rounding alone. The decoder stays in bf16.
+    Why: in bf16 the head's output is rounded to 8 mantissa bits (a logit near 20 moves in steps of 1/8), in the
+    decode step that samples and records a token and again in the forward that scores it. With this the head adds
+    no rounding of its own; the decoder stays in bf16, and its rounding (different in a decode step and a full
+    forward) is what remains between the two (measured: docs/scaling.md, "Precision").
     Weight memory: an untied bf16 head is converted in place (+vocab x hidden x 2 bytes: 7B +1.1 GB); a tied head
     (the embedding matrix; only a frozen LoRA base is tied and bf16) gets its own fp32 copy (+vocab x hidden x 4:
     0.5B +0.54 GB); fp32 master weights (full fine-tune) cost nothing more. Under FSDP the head keeps fp32 through

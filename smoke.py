@@ -380,7 +380,7 @@ def report(device, size: str = "") -> int:
         model, tokenizer = load_policy(cfg.model, device=device)
         model.eval()
         matmul, bandwidth = matmul_ceiling(torch.bfloat16, device), copy_bandwidth(device)
-        print(f"speed (bf16, LoRA, fp32 LM head): matmul {matmul / 1e3:.1f} TFLOP/s, copy {bandwidth:.0f} GB/s")
+        print(f"speed (bf16, LoRA, fp32 LM head): matmul {matmul:,.0f} GFLOP/s, copy {bandwidth:,.0f} GB/s")
         speed_lines(model, device, matmul, bandwidth, gpu)
         del model
     failed = [name for name, record in results.items() if record.get("ok") is False]
@@ -388,9 +388,16 @@ def report(device, size: str = "") -> int:
         config = model_config("7b")
         torch.cuda.empty_cache()
         if torch.cuda.mem_get_info(device)[0] > 100e9:  # fp32 init 30 GB + bf16 15 GB + KV at 128 x 5k 37 GB
+            from models import use_fp32_lm_head
+
             model = random_model(config, device=device)
-            print("7B shape (bf16, bf16 head):")
+            print("7B shape, bf16 head:")
             speed_lines(model, device, matmul, bandwidth, gpu, decode_only=True)
+            use_fp32_lm_head(model)  # what model.fp32_lm_head costs at decode
+            print("7B shape, fp32 head (model.fp32_lm_head):")
+            speed_lines(model, device, matmul, bandwidth, gpu, decode_only=True)
+        else:
+            print("7B shape: skipped, under 100 GB of free GPU memory")
     print(f"smoke: {'FAILED ' + ', '.join(failed) if failed else 'all checks passed'} in {clock() - start:.0f} s")
     return 1 if failed else 0
 
@@ -430,7 +437,7 @@ def speed_lines(model, device, matmul, bandwidth, gpu: bool, decode_only: bool =
             rate = update_rate(model, batch, length, 0)
             flops = forward_flops(model.config, batch, length) * (3 if gpu else 2)
         achieved = rate * flops / (batch * length) / 1e9
-        print(f"  {name} {batch} x {length}: {rate:,.0f} tokens/s = {achieved / 1e3:.2f} TFLOP/s "
+        print(f"  {name} {batch} x {length}: {rate:,.0f} tokens/s = {achieved:,.1f} GFLOP/s "
               f"({achieved / matmul:.0%} of the matmul rate), peak {peak_memory_gb(device):.1f} GB")
 
 
