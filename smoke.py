@@ -301,10 +301,15 @@ def check_training(folder: str, dtype: str, out_dir) -> dict:
 
     cfg = smoke_config(folder, dtype, out_dir)
     seed = mode_seed(cfg)
+    metrics = Path(out_dir) / "metrics.jsonl"
     train(smoke_config(folder, dtype, out_dir, **{"train.seed": seed}))
+    before = metrics.read_text().splitlines()
     train(smoke_config(folder, dtype, out_dir, **{"train.seed": seed, "train.iterations": 3, "resume": "latest"}))
-    rows = [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
-    return {"seed": seed, "iterations": [r["iteration"] for r in rows], "modes": [r["mode"] for r in rows],
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    # A resume continues: iterations 1-2 are not played again (a replay would rewrite their rows, timings included).
+    continued = metrics.read_text().splitlines()[:2] == before
+    return {"seed": seed, "resumed_at_3": continued, "iterations": [r["iteration"] for r in rows],
+            "modes": [r["mode"] for r in rows],
             "losses": [r["loss"] for r in rows], "optimizer_steps": [r["optimizer_steps"] for r in rows],
             "skipped": [r["skipped_updates"] for r in rows], "grad_norms": [r["grad_norm"] for r in rows]}
 
@@ -320,7 +325,8 @@ def judge(name: str, record: dict) -> bool:
     if name == "recorded_logprobs":
         return record["max_delta"] <= FP32_TOLERANCE
     if name == "training":
-        return (record["iterations"] == [1, 2, 3] and sorted(record["modes"]) == sorted(MODES)
+        return (record["iterations"] == [1, 2, 3] and record["resumed_at_3"]
+                and sorted(record["modes"]) == sorted(MODES)
                 and all(math.isfinite(x) for x in record["losses"]) and all(s >= 1 for s in record["optimizer_steps"])
                 and not any(record["skipped"]) and all(g > 0 for g in record["grad_norms"]))
     raise KeyError(name)

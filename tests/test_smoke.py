@@ -59,7 +59,7 @@ def test_the_smoke_checks_pass_on_cpu(folder, tmp_path, one_thread):
     assert results["kv_reuse"]["identical"] == results["kv_reuse"]["episodes"] == 8
     assert results["recorded_logprobs"]["max_delta"] <= 1e-4 and results["recorded_logprobs"]["tokens"] > 50
     training = results["training"]
-    assert training["iterations"] == [1, 2, 3] and set(training["modes"]) == {"no_memory", "off_policy",
+    assert training["iterations"] == [1, 2, 3] and training["resumed_at_3"] and set(training["modes"]) == {"no_memory", "off_policy",
                                                                              "on_policy_tips"}
     assert (tmp_path / "train" / "checkpoints" / "iter_000003").is_dir()  # the resumed run saved its iteration
     assert all(r["ok"] for name, r in results.items() if "_bf16" not in name)
@@ -72,11 +72,11 @@ def test_the_smoke_checks_pass_on_cpu(folder, tmp_path, one_thread):
 def test_judge_fails_what_it_should():
     assert not smoke.judge("kv_reuse", {"episodes": 8, "identical": 7})
     assert not smoke.judge("left_padding", {"max_logp_delta": 0.01, "argmax_agree": 3, "rows": 3})
-    good = {"iterations": [1, 2, 3], "modes": ["no_memory", "off_policy", "on_policy_tips"], "losses": [0.1] * 3,
+    good = {"iterations": [1, 2, 3], "resumed_at_3": True, "modes": ["no_memory", "off_policy", "on_policy_tips"], "losses": [0.1] * 3,
             "optimizer_steps": [1, 1, 1], "skipped": [0, 0, 0], "grad_norms": [1.0] * 3}
     assert smoke.judge("training", good)
     for change in ({"losses": [0.1, float("nan"), 0.1]}, {"skipped": [0, 1, 0]}, {"modes": ["no_memory"] * 3},
-                   {"iterations": [1, 2]}, {"grad_norms": [1.0, 0.0, 1.0]}):
+                   {"iterations": [1, 2]}, {"grad_norms": [1.0, 0.0, 1.0]}, {"resumed_at_3": False}):
         assert not smoke.judge("training", {**good, **change}), change
 
 
