@@ -1,7 +1,8 @@
 """Benchmark of one training iteration's parts; prints every ratio in one run (README, docs/performance.md).
 
     python bench.py --config configs/quickstart.yaml [--repeats=2] [--long_turns=10] [--parts=abcde]
-                    [--prefill_tokens=256] [--section.key=value ...]
+                    [--prefill_tokens=256] [--device=cuda|cpu] [--section.key=value ...]
+    python bench.py --smoke [--device=cuda|cpu] [--size=0.5b|tiny]     (= python smoke.py: no model files needed)
 
 On the configured environment and model (the quickstart: ScienceWorld find-living-thing, SmolLM2-135M on CPU):
   (a) rollout wall time and prefill positions per turn with `rollout.kv_reuse` on vs off, at the config's shape
@@ -17,7 +18,9 @@ On the configured environment and model (the quickstart: ScienceWorld find-livin
       no-memory iteration, and the positions through the old-log-prob and the update forwards.
 `--parts` picks a subset (e.g. --parts=f); the results in results/bench/ say which run printed what.
 Prefill positions are counted by a forward hook: every position of a forward call with more than one input
-token (padding included, since it costs the same compute).
+token (padding included, since it costs the same compute). `--device` (default: cuda when there is one) runs the
+model there; every timer synchronises first (`clock`). Ceilings: `matmul_ceiling` (prefill, update),
+`copy_bandwidth` and `decode_floor_ms` = (weights + KV cache) / bandwidth (decode); smoke.py prints them too.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ import random
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -39,6 +43,18 @@ from memory import TipMemory
 from models import load_policy
 from rollout import ChatStream, run_episodes, write_tips
 from samples import build_samples, per_step_samples
+
+
+def clock() -> float:
+    """Wall time once the GPU has finished its queued work: CUDA runs asynchronously, so a timer read without a
+    synchronise would measure only the kernel launches."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def device_of(model) -> torch.device:
+    return next(model.parameters()).device
 
 
 class ForwardCounter:
@@ -83,10 +99,10 @@ class Timed:
 def play(model, chat, envs, tasks, cfg, kv_reuse: bool, seed: int, memory=None, mode="no_memory"):
     rollout = dataclasses.replace(cfg.rollout, kv_reuse=kv_reuse)
     torch.manual_seed(seed)
-    start = time.perf_counter()
+    start = clock()
     episodes = run_episodes(model, chat, envs, tasks, [t.variation for t in tasks], mode=mode, memory=memory,
                             cfg=rollout, keep_caches=memory is not None)
-    return episodes, time.perf_counter() - start
+    return episodes, clock() - start
 
 
 def rollout_ratio(model, chat, counter, envs, tasks, cfg, repeats: int, turns: int) -> dict:
@@ -113,67 +129,168 @@ def rollout_ratio(model, chat, counter, envs, tasks, cfg, repeats: int, turns: i
 
 
 def timed_generate(model, chat, contexts, new_tokens, temperature):
-    ids, mask = left_pad(contexts, chat.pad_id)
-    start = time.perf_counter()
+    ids, mask = (t.to(device_of(model)) for t in left_pad(contexts, chat.pad_id))
+    start = clock()
     with torch.no_grad():
         model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                        do_sample=True, temperature=temperature, top_k=0, pad_token_id=chat.pad_id)
-    return time.perf_counter() - start
+    return clock() - start
 
 
 def update_time(model, samples, pad_id, loss_cfg) -> tuple[float, float]:
     """Forward + backward of every sample (one per forward) as ONE mini-batch: (seconds, its loss: each step's token
     mean averaged over all steps, the same for packed and per-step samples)."""
-    start, total, units = time.perf_counter(), 0.0, sum(s.units for s in samples)
+    start, total, units = clock(), 0.0, sum(s.units for s in samples)
     model.train()
     for sample in samples:
-        loss, _ = samples_loss(model, [sample], pad_id, "cpu", loss_cfg, "none", units)
+        loss, _ = samples_loss(model, [sample], pad_id, device_of(model), loss_cfg, "none", units)
         loss.backward()
         total += loss.item()
     model.zero_grad(set_to_none=True)
     model.eval()
-    return time.perf_counter() - start, total
+    return clock() - start, total
 
 
-def matmul_ceiling(dtype) -> float:
-    """GFLOP/s of a 1024^3 matmul (median of 5), this machine's compute ceiling for the model's shapes."""
-    a, b = torch.randn(1024, 1024, dtype=dtype), torch.randn(1024, 1024, dtype=dtype)
-    a @ b
+def median_seconds(fn, repeats: int = 5) -> float:
+    fn()  # warm-up (kernel selection, allocator)
     times = []
-    for _ in range(5):
-        start = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - start)
-    return 2 * 1024**3 / statistics.median(times) / 1e9
+    for _ in range(repeats):
+        start = clock()
+        fn()
+        times.append(clock() - start)
+    return statistics.median(times)
+
+
+def matmul_ceiling(dtype, device="cpu") -> float:
+    """GFLOP/s of an n^3 matmul (n = 1024 on CPU, 8192 on a GPU; median of 5): the compute ceiling of prefill and
+    update, whose work is mostly matmuls of the model's shapes."""
+    n = 8192 if torch.device(device).type == "cuda" else 1024
+    a, b = (torch.randn(n, n, dtype=dtype, device=device) for _ in range(2))
+    return 2 * n**3 / median_seconds(lambda: a @ b) / 1e9
+
+
+def copy_bandwidth(device="cpu") -> float:
+    """GB/s of a device-to-device copy (bytes read + written; 1 GiB on a GPU, 256 MiB on CPU): the memory ceiling
+    of decode, which reads every weight and the whole KV cache once per token step."""
+    size = (1 << 30) if torch.device(device).type == "cuda" else (1 << 28)
+    src = torch.empty(size, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    return 2 * size / median_seconds(lambda: dst.copy_(src)) / 1e9
 
 
 def prefill_rate(model, contexts, pad_id) -> float:
     """Prefill tokens per second of one forward over `contexts` (left-padded, counted with padding)."""
-    ids, mask = left_pad(contexts, pad_id)
+    ids, mask = (t.to(device_of(model)) for t in left_pad(contexts, pad_id))
     with torch.no_grad():
-        model(input_ids=ids[:, :8], attention_mask=mask[:, :8], logits_to_keep=1)
-        start = time.perf_counter()
-        model(input_ids=ids, attention_mask=mask, logits_to_keep=1)
-    return ids.numel() / (time.perf_counter() - start)
+        return ids.numel() / median_seconds(lambda: model(input_ids=ids, attention_mask=mask, logits_to_keep=1), 2)
+
+
+def forward_flops(config, batch: int, length: int) -> float:
+    """Matmul FLOPs of a forward over batch x length tokens: 2 per decoder weight per token, plus causal attention
+    (QK^T and AV: 2 * length^2 * hidden per layer and sequence); the LM head is left out (it sees few positions)."""
+    layer = (2 * config.hidden_size * (config.num_attention_heads + config.num_key_value_heads)
+             * config.hidden_size // config.num_attention_heads + 3 * config.hidden_size * config.intermediate_size)
+    tokens = batch * length
+    return config.num_hidden_layers * (2 * layer * tokens + 2 * length * length * config.hidden_size * batch)
+
+
+def decode_ms(model, batch: int, context: int, steps: int) -> float:
+    """ms per token step of `generate` on `batch` rows whose KV cache already holds `context` positions (random
+    keys/values: the cost depends on the shapes only); greedy, every row runs all `steps` steps."""
+    from transformers import DynamicCache
+
+    config, device = model.config, device_of(model)
+    dtype = model.get_input_embeddings().weight.dtype
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    shape = (batch, config.num_key_value_heads, context, head_dim)
+
+    def run():
+        cache = DynamicCache(ddp_cache_data=[(torch.randn(shape, dtype=dtype, device=device),
+                                              torch.randn(shape, dtype=dtype, device=device))
+                                             for _ in range(config.num_hidden_layers)])
+        ids = torch.randint(0, 1000, (batch, 1), device=device)
+        mask = torch.ones((batch, context + 1), dtype=torch.long, device=device)
+        with torch.no_grad():
+            start = clock()
+            model.generate(input_ids=ids, attention_mask=mask, cache=cache, max_new_tokens=steps,
+                           min_new_tokens=steps, do_sample=False, pad_token_id=0)
+            return clock() - start
+
+    run()
+    return 1000 * statistics.median(run() for _ in range(2)) / steps
+
+
+def decode_floor_ms(model, batch: int, context: int, steps: int, bandwidth_gbs: float) -> float:
+    """The memory-bandwidth floor of one decode step: (weights read + KV cache read) / bandwidth. Every weight is
+    read once per step except the input embedding (only the rows looked up) unless it is also the LM head."""
+    config = model.config
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    embedding, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    if embedding is not head:
+        weights -= embedding.numel() * embedding.element_size()
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv = (2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * embedding.element_size()
+          * batch * (context + steps / 2))
+    return 1000 * (weights + kv) / (bandwidth_gbs * 1e9)
+
+
+def update_rate(model, batch: int, length: int, pad_id: int) -> float:
+    """Tokens per second of forward + backward over batch x length random tokens, the second half of each row
+    scored as actions (as losses.samples_loss runs the update)."""
+    from losses import sequence_action_logprobs
+
+    seqs = torch.randint(0, 1000, (batch, length)).tolist()
+    masks = [[0] * (length // 2) + [1] * (length - length // 2) for _ in range(batch)]
+    model.train()
+
+    def step():
+        logps, _ = sequence_action_logprobs(model, seqs, masks, pad_id, device_of(model))
+        torch.cat(logps).sum().backward()
+
+    rate = batch * length / median_seconds(step, 2)
+    model.zero_grad(set_to_none=True)
+    model.eval()
+    return rate
+
+
+def peak_memory_gb(device, reset: bool = False) -> float:
+    """Peak GPU memory allocated by torch (reset: start a new window), or this process's peak RSS on CPU."""
+    if torch.device(device).type == "cuda":
+        if reset:
+            torch.cuda.reset_peak_memory_stats()
+        return torch.cuda.max_memory_allocated() / 1e9
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # KiB on Linux
 
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    options = {"repeats": 2, "long_turns": 10, "parts": "abcdef", "prefill_tokens": 256}
+    options = {"repeats": 2, "long_turns": 10, "parts": "abcdef", "prefill_tokens": 256,
+               "device": "cuda" if torch.cuda.is_available() else "cpu", "smoke": False, "size": ""}
     rest = []
-    for arg in argv:
-        key = arg[2:].split("=", 1)[0]
-        if key in options and "=" in arg:
-            value = arg.split("=", 1)[1]
-            options[key] = value if key == "parts" else int(value)
+    for i, arg in enumerate(argv):  # `--device cuda` is read as `--device=cuda`
+        if arg in ("--device", "--size") and i + 1 < len(argv):
+            argv[i + 1] = f"{arg}={argv[i + 1]}"
+            continue
+        key, equals, value = arg[2:].partition("=")
+        if key == "smoke" and not equals:
+            options["smoke"] = True
+        elif key in options and equals:
+            options[key] = value if isinstance(options[key], str) else int(value)
         else:
             rest.append(arg)
+    if options["smoke"]:  # smoke.py in its own process (it imports this file's measurements)
+        size = [f"--size={options['size']}"] if options["size"] else []
+        os.execv(sys.executable, [sys.executable, str(Path(__file__).with_name("smoke.py")),
+                                  f"--device={options['device']}", *size])
+    device = check_device(options["device"])
     cfg = load_config(*split_cli(rest))
     if cfg.train.torch_threads > 0:
         torch.set_num_threads(cfg.train.torch_threads)
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch threads "
-          f"{torch.get_num_threads()}, torch {torch.__version__}; model {cfg.model.name_or_path} ({cfg.model.dtype})")
-    model, tokenizer = load_policy(cfg.model)
+    print(f"machine: {machine(device)}, torch threads {torch.get_num_threads()}, torch {torch.__version__}; model "
+          f"{cfg.model.name_or_path} ({cfg.model.dtype})")
+    model, tokenizer = load_policy(cfg.model, device=device)
     model.eval()
     chat = ChatStream(tokenizer)
     counter = ForwardCounter(model)
@@ -220,7 +337,7 @@ def main(argv=None):
         params = sum(p.numel() for p in model.parameters())
         short = [c[-options["prefill_tokens"] :] for c in contexts]
         for dtype in (torch.float32, torch.bfloat16):
-            ceiling = matmul_ceiling(dtype)
+            ceiling = matmul_ceiling(dtype, device)
             rate = prefill_rate(model.to(dtype), short, chat.pad_id)
             achieved = rate * 2 * params / 1e9
             print(f"(e) {str(dtype).split('.')[-1]}: matmul ceiling {ceiling:.1f} GFLOP/s, prefill of "
@@ -236,10 +353,10 @@ def iteration_parts(model, chat, envs, tasks, cfg, long_cfg) -> None:
     memory_timer = Timed([memory], ["retrieve", "stage", "sync", "visit", "visit_count"])
     episodes, rollout_wall = play(model, chat, envs, tasks, long_cfg, True, seed=0, memory=memory,
                                   mode="on_policy_tips")
-    start = time.perf_counter()
+    start = clock()
     write_tips(model, chat, episodes, memory, long_cfg.rollout)
     memory.sync()
-    tips_wall = time.perf_counter() - start
+    tips_wall = clock() - start
     returns = [ep.extrinsic_return for ep in episodes]
     advantages = group_advantages(returns, [ep.group for ep in episodes])
     advantages = [a if a else 1.0 for a in advantages]  # a non-zero loss even when every return is equal
@@ -248,7 +365,7 @@ def iteration_parts(model, chat, envs, tasks, cfg, long_cfg) -> None:
                 for piece in per_step_samples(sample)]  # one sample per step, each its own context
     random.Random(0).shuffle(per_step)
     for samples in (packed, per_step):
-        compute_old_logprobs(model, samples, chat.pad_id, "cpu", cfg.train.micro_batch_size)
+        compute_old_logprobs(model, samples, chat.pad_id, device_of(model), cfg.train.micro_batch_size)
     packed_wall, packed_loss = update_time(model, packed, chat.pad_id, cfg.loss)
     step_wall, step_loss = update_time(model, per_step, chat.pad_id, cfg.loss)
     print(f"(c) update (forward + backward): packed episodes ({len(packed)} samples) {packed_wall:.1f} s, one "
@@ -272,23 +389,23 @@ def mode_iteration(model, chat, envs, tasks, cfg, mode, memory, optimizer, accel
 
     seeds = [seed * 1000 + j for j in range(len(tasks))]
     model.eval()
-    t0 = time.perf_counter()
+    t0 = clock()
     episodes = run_episodes(model, chat, envs, tasks, [t.variation for t in tasks], mode=mode, memory=memory,
                             cfg=cfg.rollout, intrinsic=cfg.intrinsic, keep_caches=True, seeds=seeds)
-    t1 = time.perf_counter()
+    t1 = clock()
     write_tips(model, chat, episodes, memory, cfg.rollout)
     memory.sync()
-    t2 = time.perf_counter()
+    t2 = clock()
     advantages = group_advantages([ep.extrinsic_return for ep in episodes], [ep.group for ep in episodes])
     advantages = [a if a else 1.0 for a in advantages]  # a non-zero loss even when every return is equal
     samples = build_samples(episodes, advantages, off_policy_old_logp=cfg.loss.off_policy_old_logp,
                             aggregation=cfg.loss.aggregation, old_logp_source=cfg.loss.old_logp_source,
                             branch_packing=cfg.train.branch_packing)
     recompute_tokens = sum(len(ids) for s in samples for ids, _ in s.old_sequences())  # "recompute" would encode
-    _, old_tokens = compute_old_logprobs(model, samples, chat.pad_id, "cpu", cfg.train.micro_batch_size)
-    t3 = time.perf_counter()
+    _, old_tokens = compute_old_logprobs(model, samples, chat.pad_id, device_of(model), cfg.train.micro_batch_size)
+    t3 = clock()
     metrics = update(model, optimizer, samples, cfg, accelerator, mode, chat.pad_id, random.Random(seed))
-    t4 = time.perf_counter()
+    t4 = clock()
     return {"rollout": t1 - t0, "tips": t2 - t1, "old_logp": t3 - t2, "update": t4 - t3, "total": t4 - t0,
             "old_tokens": old_tokens, "recompute_tokens": recompute_tokens, "update_tokens": sum(len(s.ids) for s in
             samples), "samples": len(samples), "steps": sum(s.steps for s in samples),
@@ -326,5 +443,23 @@ def per_mode_iterations(model, chat, envs, tasks, cfg) -> dict:
     return rows
 
 
+def check_device(name: str) -> torch.device:
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        sys.exit(f"error: --device={name} is not a torch device (cpu, cuda, cuda:1, ...)")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit(f"error: --device={name}, but torch {torch.__version__} sees no CUDA GPU")
+    if device.type not in ("cpu", "cuda"):
+        sys.exit(f"error: --device={name}: only cpu and cuda are supported")
+    return device
+
+
+def machine(device) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda}"
+    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus"
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

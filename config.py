@@ -64,6 +64,10 @@ class ModelConfig:
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
+    # bfloat16/float16 only: the LM head computes in fp32 (weight and input), so sampling, the recorded behaviour
+    # log-probs and the loss read logits the head did not round. Costs vocab x hidden x 2 bytes (7B: +1.1 GB; a tied
+    # head, e.g. Qwen2.5-0.5B under LoRA, gets an fp32 copy: x 4, +0.54 GB); FSDP: its own fp32 policy.
+    fp32_lm_head: bool = True
 
 
 @dataclass

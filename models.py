@@ -15,6 +15,8 @@
 * anything else: a hub id, which transformers downloads (or finds in its cache).
 
 A model that cannot be found raises `ModelLoadError` with a short message instead of a hub traceback.
+`model.fp32_lm_head` (default; bf16/fp16 only): the LM head computes in fp32 (`use_fp32_lm_head`), so sampling,
+the recorded behaviour log-probs and the loss all read unrounded logits (docs/scaling.md, "Precision").
 `save_model` / `load_trainable` / `trainable_state` write, restore and snapshot exactly the trained weights
 (the LoRA adapter, or every weight for a full fine-tune) so checkpoints stay small with LoRA.
 """
@@ -29,10 +31,12 @@ import logging
 import os
 import shutil
 import tempfile
+import types
 import warnings
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
 
@@ -259,6 +263,8 @@ def load_policy(cfg, device=None, autocast_forward: bool = True):
         eos_token_id=eos[0] if len(eos) == 1 else eos)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
+    if cfg.fp32_lm_head and compute_dtype != torch.float32:  # before peft: the head is never an adapter target here
+        use_fp32_lm_head(model, trainable=not cfg.lora)
 
     if cfg.gradient_checkpointing:  # renamed to activation checkpointing in transformers 5.2x
         enable = getattr(model, "activation_checkpointing_enable", None)
@@ -295,6 +301,45 @@ def load_policy(cfg, device=None, autocast_forward: bool = True):
         device_type = next(model.parameters()).device.type
         model.forward = torch.autocast(device_type=device_type, dtype=compute_dtype)(model.forward)
     return model, tokenizer
+
+
+def use_fp32_lm_head(model, trainable: bool = False) -> int:
+    """Make the LM head compute in fp32: its weight fp32, its input (the final hidden state) cast up, autocast off.
+
+    Why: in bf16 the head's output is rounded to 8 mantissa bits (a logit near 20 moves in steps of 1/8), in the
+    decode step that samples and records a token and again in the forward that scores it. With this the head adds
+    no rounding of its own; the decoder stays in bf16, and its rounding (different in a decode step and a full
+    forward) is what remains between the two (measured: docs/scaling.md, "Precision").
+    Weight memory: an untied bf16 head is converted in place (+vocab x hidden x 2 bytes: 7B +1.1 GB); a tied head
+    (the embedding matrix; only a frozen LoRA base is tied and bf16) gets its own fp32 copy (+vocab x hidden x 4:
+    0.5B +0.54 GB); fp32 master weights (full fine-tune) cost nothing more. Under FSDP the head keeps fp32 through
+    its own mixed-precision policy (runtime.shard_model). trainable: the head's weight is trained (full fine-tune).
+    Returns the bytes added."""
+    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    if not isinstance(head, torch.nn.Linear):
+        raise ModelLoadError(f"model.fp32_lm_head needs a causal LM whose output layer is a torch.nn.Linear; "
+                             f"{type(model).__name__} has {type(head).__name__}: set model.fp32_lm_head=false")
+    added = 0
+    if head.weight.dtype != torch.float32:
+        tied = embedding is not None and head.weight is embedding.weight
+        if tied and trainable:  # a copy would untie a trained weight from the embedding
+            raise ModelLoadError("model.fp32_lm_head: a tied, trainable head in low precision cannot get an fp32 "
+                                 "copy; full fine-tuning keeps fp32 master weights, LoRA freezes the base")
+        added = head.weight.numel() * (4 if tied else 4 - head.weight.element_size())
+        head.weight = torch.nn.Parameter(head.weight.detach().float(), requires_grad=head.weight.requires_grad)
+        if head.bias is not None:
+            head.bias = torch.nn.Parameter(head.bias.detach().float(), requires_grad=head.bias.requires_grad)
+    head.forward = types.MethodType(_fp32_linear, head)
+    model.empo2_fp32_lm_head = True  # runtime.shard_model gives the head an fp32 mixed-precision policy
+    log.info("LM head in fp32 (%.2f GB more weight memory)", added / 1e9)
+    return added
+
+
+def _fp32_linear(self, hidden: torch.Tensor) -> torch.Tensor:
+    # Autocast off: under autocast (full fine-tune) F.linear would cast input and weight back to bf16.
+    with torch.autocast(hidden.device.type, enabled=False):
+        bias = None if self.bias is None else self.bias.float()
+        return F.linear(hidden.float(), self.weight.float(), bias)
 
 
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3")

@@ -139,7 +139,8 @@ def shard_model(model, compute_dtype: torch.dtype, launch: Launch):
     """Shard a fully trainable model over all ranks with FSDP2: every decoder layer is one unit (its parameters
     all-gathered just before it runs, freed after), the rest (embeddings, final norm, LM head) is the root unit.
     Parameters, gradients and AdamW state stay fp32 shards; each layer computes in `compute_dtype` and gradients
-    are reduced in fp32 (MixedPrecisionPolicy). Returns the same module object, now an FSDPModule."""
+    are reduced in fp32 (MixedPrecisionPolicy). With model.fp32_lm_head the LM head is its own unit with an fp32
+    policy (a tied head: the root unit is fp32). Returns the same module object, now an FSDPModule."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     names = set(launch.wrap_classes or getattr(model, "_no_split_modules", None) or ())
@@ -150,7 +151,15 @@ def shard_model(model, compute_dtype: torch.dtype, launch: Launch):
     policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     for layer in layers:
         fully_shard(layer, mp_policy=policy, reshard_after_forward=launch.reshard_after_forward)
-    fully_shard(model, mp_policy=policy, reshard_after_forward=launch.reshard_after_forward)
+    root_policy = policy
+    if getattr(model, "empo2_fp32_lm_head", False):  # model.fp32_lm_head: the head gathers and computes in fp32
+        fp32 = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)  # casts its input up
+        head = model.get_output_embeddings()
+        if head.weight is model.get_input_embeddings().weight:  # tied: one parameter, so the root unit holds it
+            root_policy = fp32  # embeddings, final norm and head in fp32; each layer casts its input to bf16
+        else:
+            fully_shard(head, mp_policy=fp32, reshard_after_forward=launch.reshard_after_forward)
+    fully_shard(model, mp_policy=root_policy, reshard_after_forward=launch.reshard_after_forward)
     model.empo2_reshard_after_forward = launch.reshard_after_forward  # restored by full_weights
     return model
 

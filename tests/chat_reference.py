@@ -3,8 +3,9 @@ conversation, with generated action ids spliced in, to check the rollout's token
 
 `qwen25_tokenizer()`: a byte-level BPE trained with `tokenizers` on a fixed text, padded to Qwen2.5's 151,643
 ordinary tokens so that its special tokens sit at Qwen2.5's ids (<|endoftext|> 151643, <|im_start|> 151644,
-<|im_end|> 151645), Qwen2's pre-tokenizer split, and Qwen2.5-Instruct's chat template written out below (default
-system prompt, ChatML turns; the tool branches are kept although the rollout never uses them).
+<|im_end|> 151645), Qwen2's pre-tokenizer split, and Qwen2.5-Instruct's chat template (default system prompt,
+ChatML turns; the tool branches are kept although the rollout never uses them): smoke.qwen_tokenizer, which the
+GPU smoke run uses too.
 
 `render_episode(tokenizer, user_texts, actions)`: the conversation user_texts[0], actions[0], user_texts[1],
 ... rendered by `tokenizer.apply_chat_template` (never by rollout/generation code), with each action's generated
@@ -15,69 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-QWEN25_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
-QWEN25_SPECIAL = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645}
-
-QWEN25_CHAT_TEMPLATE = """{%- if tools %}
-    {{- '<|im_start|>system\\n' }}
-    {%- if messages[0]['role'] == 'system' %}
-        {{- messages[0]['content'] }}
-    {%- else %}
-        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
-    {%- endif %}
-    {{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}
-    {%- for tool in tools %}
-        {{- "\\n" }}
-        {{- tool | tojson }}
-    {%- endfor %}
-    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}
-{%- else %}
-    {%- if messages[0]['role'] == 'system' %}
-        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
-    {%- else %}
-        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}
-    {%- endif %}
-{%- endif %}
-{%- for message in messages %}
-    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
-        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}
-    {%- elif message.role == "assistant" %}
-        {{- '<|im_start|>' + message.role }}
-        {%- if message.content %}
-            {{- '\\n' + message.content }}
-        {%- endif %}
-        {%- for tool_call in message.tool_calls %}
-            {%- if tool_call.function is defined %}
-                {%- set tool_call = tool_call.function %}
-            {%- endif %}
-            {{- '\\n<tool_call>\\n{"name": "' }}
-            {{- tool_call.name }}
-            {{- '", "arguments": ' }}
-            {{- tool_call.arguments | tojson }}
-            {{- '}\\n</tool_call>' }}
-        {%- endfor %}
-        {{- '<|im_end|>\\n' }}
-    {%- elif message.role == "tool" %}
-        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
-            {{- '<|im_start|>user' }}
-        {%- endif %}
-        {{- '\\n<tool_response>\\n' }}
-        {{- message.content }}
-        {{- '\\n</tool_response>' }}
-        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
-            {{- '<|im_end|>\\n' }}
-        {%- endif %}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\\n' }}
-{%- endif %}
-"""
-
-# Qwen2's pre-tokenizer split (contractions, letters with one leading non-letter, single digits, punctuation runs,
-# newlines, spaces), followed by byte-level mapping without its own regex.
-QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
-               r"|\s+(?!\S)|\s+")
+from smoke import QWEN25_CHAT_TEMPLATE, QWEN25_SPECIAL, QWEN25_SYSTEM, qwen_tokenizer  # noqa: F401 (re-exported)
 
 _CORPUS = [
     "You are in room {n} of house {h}. Answer with one short action.",
@@ -93,38 +32,7 @@ _CORPUS = [
 
 def qwen25_tokenizer():
     """A PreTrainedTokenizerFast with Qwen2.5-Instruct's special tokens (at their ids) and chat template."""
-    import json
-
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    def pipeline(model):
-        tok = Tokenizer(model)
-        tok.normalizer = normalizers.NFC()
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-        tok.decoder = decoders.ByteLevel()
-        return tok
-
-    trained = pipeline(models.BPE())
-    text = [line.format(n=n, h=h) for n in range(12) for h in range(3) for line in _CORPUS]
-    trained.train_from_iterator(text, trainers.BpeTrainer(
-        vocab_size=600, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
-    learned = json.loads(trained.to_str())["model"]
-    vocab = dict(learned["vocab"])
-    # Qwen2.5 has 151,643 ordinary tokens; unreachable fillers (no merge produces them) stand in for the rest.
-    vocab.update({f"<|filler_{i}|>": i for i in range(len(vocab), min(QWEN25_SPECIAL.values()))})
-    vocab.update(QWEN25_SPECIAL)
-    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in learned["merges"]]
-    backend = pipeline(models.BPE(vocab, merges))
-    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN25_SPECIAL])
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                        chat_template=QWEN25_CHAT_TEMPLATE, padding_side="left",
-                                        model_input_names=["input_ids", "attention_mask"])
-    ids = tokenizer.convert_tokens_to_ids(list(QWEN25_SPECIAL))
-    assert ids == list(QWEN25_SPECIAL.values()) and tokenizer.eos_token_id == 151645, ids
-    return tokenizer
+    return qwen_tokenizer([line.format(n=n, h=h) for n in range(12) for h in range(3) for line in _CORPUS], 600)
 
 
 def _ids(out) -> list[int]:

@@ -180,7 +180,7 @@ def test_full_finetune_in_bf16_keeps_fp32_master_weights_that_a_1e6_step_moves(q
     """The paper's setting (full fine-tune, bf16, lr 1e-6): the step must reach the weights."""
     from transformers import AutoModelForCausalLM
 
-    model, _ = models.load_policy(_tiny(qwen_folder, lora=False, dtype="bfloat16"))
+    model, _ = models.load_policy(_tiny(qwen_folder, lora=False, dtype="bfloat16", fp32_lm_head=False))
     assert all(p.dtype == torch.float32 for p in model.parameters())  # master weights (and AdamW state) in fp32
     ids = torch.tensor([[5, 17, 300, 42]])
     assert model(input_ids=ids).logits.dtype == torch.bfloat16  # the forward computes in bf16 (autocast)
@@ -203,8 +203,9 @@ def test_lora_in_bf16_keeps_fp32_adapters_over_a_bf16_base(qwen_folder):
     model, _ = models.load_policy(_tiny(qwen_folder, dtype="bfloat16"))
     trainable = [p for p in model.parameters() if p.requires_grad]
     frozen = [p for p in model.parameters() if not p.requires_grad]
+    head = model.get_output_embeddings().weight  # model.fp32_lm_head (default): the head's own fp32 copy
     assert trainable and all(p.dtype == torch.float32 for p in trainable)
-    assert frozen and all(p.dtype == torch.bfloat16 for p in frozen)
+    assert frozen and all(p.dtype == torch.bfloat16 for p in frozen if p is not head) and head.dtype == torch.float32
     before = [p.detach().clone() for p in trainable]
     one_adamw_step(model, lr=1e-6)
     assert any(not torch.equal(p, b) for p, b in zip(trainable, before))
