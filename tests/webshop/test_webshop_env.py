@@ -229,7 +229,7 @@ def test_action_prefix_is_context_not_action(policy, window):
     model, tokenizer = policy
     chat = ChatStream(tokenizer)
     prefix = chat.encode("<action>")
-    cfg = RolloutConfig(action_prefix="<action>", history_window=window, max_action_tokens=12,
+    cfg = RolloutConfig(action_prefix="<action>", history_window=window, max_action_tokens=8,
                         max_prompt_tokens=4096, kv_reuse=True)
     config = WebShopConfig(max_steps=2, prompt="short", require_think=False)
     envs = [WebShopEnv(config) for _ in range(2)]
