@@ -100,6 +100,10 @@ class RolloutConfig:
     # Keep each episode's KV cache between turns and feed only the new tokens (generation.py); the group's shared
     # first message is encoded once and the tip reuses the episode's cache. false = re-encode every turn.
     kv_reuse: bool = True
+    # The batch KV cache of a generate call (kvcache.py): "static" = pre-sized once per call, each decode step writes
+    # its position in place; "dynamic" = transformers' DynamicCache, which concatenates (copies) every layer's
+    # keys/values at every token. The same tokens either way (tests/test_generation.py).
+    kv_cache: str = "static"
     # Where retrieved tips appear in memory modes (full history only). "current_turn" = the paper's
     # pi(a | s_t, u, tips_t): the current turn carries its tips, earlier turns are shown without theirs; each step is
     # then its own training sample (its context differs from the next step's). "history" = every turn keeps its
@@ -246,6 +250,7 @@ class Config:
             "model.dtype": (self.model.dtype, {"float32", "bfloat16", "float16"}),
             "rollout.tip_placement": (self.rollout.tip_placement, {"current_turn", "history"}),
             "rollout.tip_source": (self.rollout.tip_source, {"policy", "environment"}),
+            "rollout.kv_cache": (self.rollout.kv_cache, {"dynamic", "static"}),
             "loss.advantage": (self.loss.advantage, {"grpo", "gigpo"}),
             "loss.aggregation": (self.loss.aggregation, {"step", "episode", "token"}),
             "loss.gigpo_episode_stats": (self.loss.gigpo_episode_stats, {"step", "episode"}),

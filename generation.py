@@ -5,67 +5,38 @@ model generated + the next user turn. Re-encoding the whole history at every tur
 T-turn episode; keeping each episode's keys/values between turns prefills O(T). This is what vLLM's prefix
 caching gives peers, done here on plain `generate`:
 
-* every episode owns a `PrefixCache`: the keys/values of a prefix of its own token stream, trimmed of padding;
-* `generate(..., caches=...)` reuses, for each row, the longest common prefix of its cache and its new context,
-  left-pads the reused parts into one batched `DynamicCache`, feeds only the new tokens (left-padded too; the
-  attention mask marks every pad, and `generate` derives position ids from the mask's cumulative sum, so each
-  real token gets the position it would have without reuse), and afterwards splits the grown cache back into
-  one trimmed `PrefixCache` per row;
+* every episode owns a `PrefixCache` (kvcache.py): the keys/values of a prefix of its own stream, trimmed of pads;
+* `generate(..., caches=...)` reuses, for each row, the longest common prefix of its cache and its new context:
+  the reused parts go left-padded into one batch cache, one forward encodes the rest of each context but its last
+  token (right-padded, `feed_prefixes`: no attention row is ever fully masked), and `generate` starts from the
+  last tokens (nothing padded). Position ids count real tokens only, so each token gets the position it would have
+  without reuse. Afterwards the grown batch is split back into one trimmed `PrefixCache` per row that needs one;
 * `prefill` encodes identical contexts once (the N episodes of a GRPO group start from the same first message)
   and hands every episode of the group the same cache;
 * the tip prompt is the episode stream + one user turn, so tip writing reuses the episode's cache for free, and
   a history-window prompt (WebShop) reuses the part it shares with the previous step's prompt (instruction).
 
 `RowSampler(record=True)` keeps the log-prob of every sampled token under the model (`generate(logprobs=...)`):
-the update's old log-probs without a second forward (docs/decisions.md). A tip stops at its first line
-(`FirstLineStop`) and its batch cache is dropped, not split back (`keep_caches=False`).
+the update's old log-probs without a second forward (docs/decisions.md); its uniforms are drawn once per call.
+`ScoreCheck` turns NaN/inf scores into `NonFiniteScoresError` instead of a silent token. A tip stops at its first
+line (`FirstLineStop`) and its batch cache is dropped, not split back (`keep_caches=False`).
 
 Rows that finish (eos or the token limit) simply drop out of the next call: caches are per episode, not per
 batch slot. The price is a copy of the reused keys/values into the batch at every call (memory traffic, not
-compute: on this CPU it is ~1% of the prefill it replaces; docs/performance.md) and holding each live
-episode's cache between turns. With greedy decoding the reused and the re-encoded paths produce the same tokens
-(tests/test_generation.py); the logits differ only by floating-point summation order.
+compute: on this CPU it is ~1% of the prefill it replaces), made layer by layer so the keys/values exist about
+once (kvcache.py), and holding each live episode's cache between turns. With greedy decoding the reused and the
+re-encoded paths produce the same tokens (tests/test_generation.py); the logits differ only by summation order.
 
 `ChatStream` turns a tokenizer's chat template into the append-only token deltas the streams are built from
 (first turn, the closing of an action, the next user turn). Every row stops at any eos id of the model's
-generation config (`stop_ids`: Qwen2.5 has two).
-
-Only full-attention decoder layers are supported (sliding-window layers keep a rolling window that a trimmed
-per-row copy cannot represent); `supports_kv_reuse` checks the model's config, and the rollout falls back to
-re-encoding with a warning.
+generation config (`stop_ids`: Qwen2.5 has two). A sliding-window model cannot reuse caches
+(`kvcache.supports_kv_reuse`); the rollout then re-encodes with a warning.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-
-@dataclass
-class PrefixCache:
-    """Keys/values of `tokens` (a prefix of one episode's stream): per layer [heads, len(tokens), head_dim]."""
-
-    tokens: list[int]
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
-
-    def reusable(self, context: list[int]) -> int:
-        """How many leading tokens of `context` this cache already holds (the longest common prefix)."""
-        if context[: len(self.tokens)] == self.tokens:  # the usual case (an append-only turn), at C speed
-            return len(self.tokens)
-        n = 0
-        for a, b in zip(self.tokens, context):
-            if a != b:
-                break
-            n += 1
-        return n
-
-
-def supports_kv_reuse(model) -> bool:
-    """True when every decoder layer attends to the full context (no sliding window)."""
-    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
-    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
-    return all(t == "full_attention" for t in layer_types) and not getattr(config, "use_sliding_window", False)
+from kvcache import PrefixCache, batched_cache, split_cache
 
 
 def left_pad(rows: list[list[int]], pad_id: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,6 +48,18 @@ def left_pad(rows: list[list[int]], pad_id: int, width: int | None = None) -> tu
         if row:
             ids[i, width - len(row) :] = torch.tensor(row)
             mask[i, width - len(row) :] = 1
+    return ids, mask
+
+
+def right_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists -> (ids [B, W], attention mask [B, W]), left-aligned."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        if row:
+            ids[i, : len(row)] = torch.tensor(row)
+            mask[i, : len(row)] = 1
     return ids, mask
 
 
@@ -93,13 +76,20 @@ class RowSampler:
     depend on its seed and its own logits only: not on the other rows of the batch, the batch size, or what was
     sampled before from torch's global stream (which it leaves untouched). temperature 0: the argmax (greedy).
 
+    The uniforms of all `steps` calls are drawn up front, one CPU tensor per row (the same numbers, in the same
+    order, as one torch.rand(()) per call; tested), and copied to the device once: no host work per token.
+
     record=True also keeps, per call, log softmax(logits)[chosen]: the log-prob of the sampled token under the
     model's own (untempered, unfiltered) distribution, the pi the loss scores. At temperature 1 and top-p 1 that is
     the distribution the token was drawn from; otherwise it is still what a recomputing forward would give."""
 
-    def __init__(self, seeds: list[int] | None, temperature: float, top_p: float, record: bool = False):
-        self.generators = [torch.Generator().manual_seed(int(seed)) for seed in seeds] if temperature > 0 else []
-        self.temperature, self.top_p = temperature, top_p
+    def __init__(self, seeds: list[int] | None, temperature: float, top_p: float, record: bool = False,
+                 steps: int = 1):
+        self.temperature, self.top_p, self.calls = temperature, top_p, 0
+        self.uniforms = None  # [B, steps]
+        if temperature > 0:
+            generators = [torch.Generator().manual_seed(int(seed)) for seed in seeds]
+            self.uniforms = torch.stack([torch.rand(steps, generator=g) for g in generators])
         self.recorded: list[torch.Tensor] | None = [] if record else None  # one [B] tensor per call, on the device
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
@@ -107,19 +97,23 @@ class RowSampler:
             chosen = self._draw(scores)
         else:
             chosen = scores.argmax(-1, keepdim=True)  # the first maximum, as greedy `generate` takes it
+        self.calls += 1
         if self.recorded is not None:  # [B, V] -> [B]; no host sync here (read once after the call)
             self.recorded.append(torch.log_softmax(scores.float(), -1).gather(-1, chosen).squeeze(-1))
         return torch.full_like(scores, float("-inf")).scatter(-1, chosen, 0.0)
 
     def _draw(self, scores: torch.Tensor) -> torch.Tensor:
         """[B, V] logits -> [B, 1] the token each row's own generator draws from softmax(scores / T), top-p."""
+        if self.calls >= self.uniforms.shape[1]:
+            raise RuntimeError(f"RowSampler drew its {self.uniforms.shape[1]} uniforms per row: called once more")
         probs = torch.softmax(scores.float() / self.temperature, dim=-1)  # [B, V]
         if self.top_p < 1.0:  # keep the smallest set of most likely tokens whose mass reaches top_p
             sorted_probs, order = probs.sort(dim=-1, descending=True)
             outside = sorted_probs.cumsum(-1) - sorted_probs > self.top_p
             probs = probs.scatter(-1, order, sorted_probs.masked_fill(outside, 0.0))
         cdf = probs.cumsum(-1)
-        uniform = torch.stack([torch.rand((), generator=g) for g in self.generators]).to(cdf.device, cdf.dtype)
+        self.uniforms = self.uniforms.to(cdf.device)  # a no-op after the first call
+        uniform = self.uniforms[:, self.calls]
         chosen = torch.searchsorted(cdf, (uniform * cdf[:, -1]).unsqueeze(-1), right=True)
         # u * total rounds up to total once in ~1e7 draws: stay on the last token that has probability
         last = probs.shape[-1] - 1 - (probs.flip(-1) > 0).to(torch.int64).argmax(-1, keepdim=True)
@@ -129,6 +123,39 @@ class RowSampler:
         """The recorded log-probs of each row's kept tokens (rows: the generated rows as cut by `cut_at_eos`)."""
         table = torch.stack(self.recorded, 1).cpu().tolist() if self.recorded else [[] for _ in rows]  # [B, calls]
         return [values[: len(row)] for values, row in zip(table, rows)]
+
+
+class NonFiniteScoresError(RuntimeError):
+    """The model gave NaN or infinite next-token scores: nothing can be sampled from them."""
+
+
+class ScoreCheck:
+    """The first logits processor of every call: a row whose scores are not finite (NaN, +inf, or all -inf) is
+    noted with the step it happened at and set to uniform, so the call runs to its end without a host sync per
+    token; `raise_if_bad` then stops with the first step and row. Unchecked, a NaN row becomes token V-1
+    (RowSampler's searchsorted) or token 0 (argmax) without a word."""
+
+    def __init__(self):
+        self.first_bad, self.calls = None, 0  # first_bad: [B] step of a row's first non-finite scores, -1 = none
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        bad = ~torch.isfinite(scores.amax(-1))  # amax propagates NaN; +inf and all -inf are not finite either
+        if self.first_bad is None:
+            self.first_bad = torch.full(bad.shape, -1, dtype=torch.long, device=scores.device)
+        self.first_bad = torch.where((self.first_bad < 0) & bad, self.calls, self.first_bad)
+        self.calls += 1
+        return scores.masked_fill(bad.unsqueeze(-1), 0.0)
+
+    def raise_if_bad(self, first_row: int = 0) -> None:
+        """One host sync per call. first_row: the index of this batch's first row among the caller's contexts."""
+        steps = [] if self.first_bad is None else self.first_bad.tolist()
+        bad = [(step, row) for row, step in enumerate(steps) if step >= 0]
+        if bad:
+            step, row = min(bad)
+            raise NonFiniteScoresError(
+                f"non-finite next-token scores (NaN or inf) at generation step {step} (0 = the first new token) of "
+                f"row {first_row + row} of the call ({len(bad)} row(s) affected): nothing can be sampled from them. "
+                "Look for NaN/inf weights or activations (e.g. an fp16 overflow)")
 
 
 class FirstLineStop:
@@ -175,60 +202,48 @@ def stop_ids(model, eos_id: int) -> list[int]:
     return list(dict.fromkeys([eos_id] + [i for i in configured if i is not None]))
 
 
-def batched_cache(caches: list[PrefixCache | None], reuse: list[int], width: int):
-    """One DynamicCache [B, heads, width, head_dim] per layer with row i's first reuse[i] cached positions
-    right-aligned (zeros to their left, masked out by the attention mask)."""
-    from transformers import DynamicCache
+@torch.no_grad()
+def feed_prefixes(model, rows: list[list[int]], caches: list[PrefixCache | None], reuse: list[int], pad_id: int, *,
+                  kind: str = "dynamic", room: int = 0, release: list[bool] | None = None):
+    """-> (batch cache, mask [B, S]): row i's first reuse[i] cached positions (left-padded, `batched_cache`), then
+    rows[i] encoded by one forward; mask marks the real tokens. kind="static" leaves `room` positions to decode.
 
-    if width == 0:
-        return DynamicCache()
-    template = next(c for c, n in zip(caches, reuse) if n > 0)
-    layers = []
-    for layer in range(len(template.keys)):
-        heads, _, dim = template.keys[layer].shape
-        k = template.keys[layer].new_zeros((len(caches), heads, width, dim))
-        v = template.values[layer].new_zeros((len(caches), heads, width, dim))
-        for row, (cache, n) in enumerate(zip(caches, reuse)):
-            if n:
-                k[row, :, width - n :] = cache.keys[layer][:, :n]
-                v[row, :, width - n :] = cache.values[layer][:, :n]
-        layers.append((k, v))
-    return DynamicCache(ddp_cache_data=layers)
-
-
-def split_cache(cache, valid: torch.Tensor, tokens: list[list[int]]) -> list[PrefixCache]:
-    """Batched DynamicCache + valid [B, S] (1 where a real token sits, S = cached length) -> one trimmed cache
-    per row; tokens[i] are row i's real tokens in order (checked against the count)."""
-    out = []
-    for row in range(valid.shape[0]):
-        index = torch.nonzero(valid[row]).squeeze(-1).to(cache.layers[0].keys.device)
-        assert len(index) == len(tokens[row]), "cache positions and recorded tokens disagree"
-        out.append(PrefixCache(tokens=list(tokens[row]),
-                               keys=[layer.keys[row].index_select(1, index) for layer in cache.layers],
-                               values=[layer.values[row].index_select(1, index) for layer in cache.layers]))
-    return out
+    The new tokens go in RIGHT-padded, each after its own row's cache: every query position then sees at least one
+    real key (its row's first token), so no attention row is fully masked. Some SDPA kernels return NaN for such a
+    row; that NaN goes into the pad position's keys/values, and 0 x NaN in the next layer's attention poisons the
+    real tokens of the row (transformers #38690). A row with no token at all (nothing cached, nothing to feed) lets
+    its first pad attend to itself during this forward only; the returned mask leaves it out."""
+    width, new = max(reuse), max(len(r) for r in rows)
+    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+    cache = batched_cache(caches, reuse, width, num_layers=config.num_hidden_layers, kind=kind,
+                          capacity=width + new + room, release=release)
+    _, cached_mask = left_pad([[0] * n for n in reuse], pad_id, width)
+    if new == 0:
+        return cache, cached_mask
+    ids, new_mask = right_pad(rows, pad_id)
+    mask = torch.cat([cached_mask, new_mask], 1)
+    feed_mask = mask.clone()
+    feed_mask[mask.sum(-1) == 0, width] = 1
+    positions = torch.tensor(reuse).unsqueeze(-1) + torch.arange(new)  # pads continue counting (masked anyway)
+    device = next(model.parameters()).device
+    model(input_ids=ids.to(device), attention_mask=feed_mask.to(device), position_ids=positions.to(device),
+          cache=cache, use_cache=True, logits_to_keep=1)
+    return cache, mask
 
 
 @torch.no_grad()
 def prefill(model, contexts: list[list[int]], pad_id: int, batch_size: int = 0) -> list[PrefixCache | None]:
     """Encode each DISTINCT context once (all but its last token, which `generate` must feed to sample) and
     return one cache per context; identical contexts share one cache object (a GRPO group's first message)."""
-    from transformers import DynamicCache
-
     distinct = [list(d) for d in dict.fromkeys(tuple(c[:-1]) for c in contexts if len(c) > 1)]
     by_prefix: dict[tuple, PrefixCache] = {}
     step = batch_size if batch_size > 0 else max(1, len(distinct))
-    device = next(model.parameters()).device
     for start in range(0, len(distinct), step):
         chunk = distinct[start : start + step]
-        ids, mask = left_pad(chunk, pad_id)
-        # Left padding: positions count real tokens only, as `generate` counts them.
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
-        model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
-              cache=cache, use_cache=True, logits_to_keep=1)
+        cache, mask = feed_prefixes(model, chunk, [None] * len(chunk), [0] * len(chunk), pad_id)
         for prefix, pc in zip(chunk, split_cache(cache, mask, chunk)):
             by_prefix[tuple(prefix)] = pc
+        del cache
     return [by_prefix.get(tuple(c[:-1])) for c in contexts]
 
 
@@ -236,21 +251,24 @@ def prefill(model, contexts: list[list[int]], pad_id: int, batch_size: int = 0) 
 def generate(model, pad_id: int, eos_id: int, contexts: list[list[int]], *, max_new_tokens: int,
              temperature: float, top_p: float = 1.0, batch_size: int = 0,
              caches: list[PrefixCache | None] | None = None, seeds: list[int] | None = None,
-             logprobs: list | None = None, keep_caches: bool = True, stop=None) -> list[list[int]]:
+             logprobs: list | None = None, keep_caches: bool | list[bool] = True, stop=None,
+             kv_cache: str = "static") -> list[list[int]]:
     """Sample a continuation of every context (cut after its first eos, kept), batched `batch_size` at a time.
     A row stops at `eos_id` or at any eos id of the model's generation config (`stop_ids`). seeds: one per context;
     row i then samples from its own generator seeded with seeds[i] (`RowSampler`) instead of torch's global stream.
 
-    caches=None: every context is encoded from scratch (left padding). caches=[...] (one entry per context, None
-    for nothing cached yet): each row reuses its cache's common prefix with its context, and on return
-    caches[i] holds context i + its continuation (all but a last token that was sampled and never fed). The list
-    is emptied while the batch runs, so the caller should hold no other reference to the rows' caches: then
-    peak memory is the batched cache plus, briefly, its per-row copies. keep_caches=False: the batch's cache is
-    dropped instead of split back per row (the caller has no further turn: a tip), caches[i] stays None.
+    caches=None: every context is encoded from scratch. caches=[...] (one entry per context, None for nothing
+    cached yet): each row reuses its cache's common prefix with its context, and on return caches[i] holds
+    context i + its continuation (all but a last token that was sampled and never fed). The given PrefixCache
+    objects are consumed: emptied layer by layer as the batch takes them over (a cache shared by several rows, a
+    group's prefill, after its last row's batch), so the keys/values exist about once. keep_caches=False (or
+    False at row i): that row's cache is dropped instead of split back (no further turn: a tip, a last step),
+    caches[i] is None. kv_cache: "dynamic" | "static" (rollout.kv_cache, kvcache.py; the same tokens).
 
     logprobs: a list to fill with one entry per context: the log-probs of its output tokens under the model
     (`RowSampler(record=True)`), or None where they were not recorded (seedless sampling at temperature > 0, whose
     tokens HF's own sampler draws). stop: an extra `transformers.StoppingCriteria` (e.g. `FirstLineStop`).
+    Non-finite scores from the model stop the call with `NonFiniteScoresError` (`ScoreCheck`).
     """
     from transformers import LogitsProcessorList, StoppingCriteriaList
 
@@ -258,52 +276,61 @@ def generate(model, pad_id: int, eos_id: int, contexts: list[list[int]], *, max_
     step = batch_size if batch_size > 0 else max(1, len(contexts))
     device = next(model.parameters()).device
     eos_ids = stop_ids(model, eos_id)
+    keep = [keep_caches] * len(contexts) if isinstance(keep_caches, bool) else list(keep_caches)
+    if len(keep) != len(contexts) or (caches is not None and len(caches) != len(contexts)):
+        raise ValueError("generate: caches and keep_caches need one entry per context")
+    if not all(contexts):
+        raise ValueError("generate: every context needs at least one token (the one sampling starts from)")
+    # The batch that uses a (possibly shared) cache object last is the one that frees it.
+    last_batch = {id(c): start for start in range(0, len(contexts), step)
+                  for c in (caches or [])[start : start + step] if c is not None}
     own_sampler = (seeds is not None and temperature > 0) or (logprobs is not None and temperature <= 0)
     stopping = dict(stopping_criteria=StoppingCriteriaList([stop])) if stop is not None else {}
-    # synced_gpus=False: transformers turns it on for an FSDP-wrapped model (every rank then keeps stepping until all
-    # are done, one all-reduce per token). Our FSDP generation runs inside runtime.full_weights (whole layers, no
-    # collectives), where ranks generate independently and a synced rank would wait forever for the others.
     for start in range(0, len(contexts), step):
         chunk = contexts[start : start + step]
-        sampler, sampling = None, sampling_kwargs(temperature, top_p)
+        check, sampler, sampling = ScoreCheck(), None, sampling_kwargs(temperature, top_p)
         if own_sampler:
             sampler = RowSampler(seeds[start : start + step] if seeds is not None else None, temperature, top_p,
-                                 record=logprobs is not None)
-            sampling = dict(sampling_kwargs(0.0, 1.0), logits_processor=LogitsProcessorList([sampler]))
+                                 record=logprobs is not None, steps=max_new_tokens)
+            sampling = sampling_kwargs(0.0, 1.0)
+        processors = LogitsProcessorList([check] + ([sampler] if sampler is not None else []))
         if stop is not None:
             stop.reset(len(chunk))
-        if caches is None:
-            ids, mask = left_pad(chunk, pad_id)
-            generated = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                                       max_new_tokens=max_new_tokens, pad_token_id=pad_id, eos_token_id=eos_ids,
-                                       synced_gpus=False, **sampling, **stopping)[:, ids.shape[1] :].tolist()
-            actions = [cut_at_eos(row, eos_ids) for row in generated]
-        else:
-            chunk_caches = caches[start : start + step]
-            # At least one token per row must be fed: `generate` samples from the logits of the last input.
-            reuse = [min(c.reusable(ctx), len(ctx) - 1) if c is not None else 0 for c, ctx in zip(chunk_caches, chunk)]
-            width = max(reuse)
-            cache = batched_cache(chunk_caches, reuse, width)
-            del chunk_caches
-            caches[start : start + step] = [None] * len(chunk)  # the batch holds the keys/values now: free the rows
-            _, cached_mask = left_pad([[0] * n for n in reuse], pad_id, width)
-            new_ids, new_mask = left_pad([ctx[n:] for ctx, n in zip(chunk, reuse)], pad_id)
-            # Only the new tokens go in as input_ids; the mask spans cache + new tokens, so `generate` feeds them all.
-            sequences = model.generate(input_ids=new_ids.to(device),
-                                       attention_mask=torch.cat([cached_mask, new_mask], 1).to(device), cache=cache,
-                                       use_cache=True, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
-                                       eos_token_id=eos_ids, synced_gpus=False, **sampling, **stopping)
-            generated = sequences[:, new_ids.shape[1] :].tolist()
-            actions = [cut_at_eos(row, eos_ids) for row in generated]
-            if keep_caches:
-                # The cache holds every fed position: cached + new + all generated tokens but the last one.
-                length = len(generated[0])  # new tokens of the longest row; the last one was never fed
-                fed = [a[: length - 1] for a in actions]
-                generated_valid = torch.tensor([[1] * len(a) + [0] * (length - 1 - len(a)) for a in fed],
-                                               dtype=torch.long).reshape(len(chunk), length - 1)
-                valid = torch.cat([cached_mask, new_mask, generated_valid], 1)
-                caches[start : start + step] = split_cache(cache, valid, [ctx + a for ctx, a in zip(chunk, fed)])
-            del cache
+        row_caches = caches[start : start + step] if caches is not None else [None] * len(chunk)
+        if caches is not None:
+            caches[start : start + step] = [None] * len(chunk)  # the batch takes the keys/values over
+        # At least one token per row must be fed: `generate` samples from the logits of the last input.
+        reuse = [min(c.reusable(ctx), len(ctx) - 1) if c is not None else 0 for c, ctx in zip(row_caches, chunk)]
+        release = [c is not None and last_batch[id(c)] == start for c in row_caches]
+        # room: the last context token + max_new_tokens - 1 fed tokens, + 1 spare (transformers' deferred stop
+        # check, on some devices, runs one forward more)
+        cache, mask = feed_prefixes(model, [ctx[n:-1] for ctx, n in zip(chunk, reuse)], row_caches, reuse, pad_id,
+                                    kind=kv_cache, room=max_new_tokens + 1, release=release)
+        del row_caches
+        # Only the last token goes in as input_ids, so nothing is padded; the mask spans the cache + that token.
+        # synced_gpus=False: transformers turns it on for an FSDP-wrapped model (every rank then keeps stepping until
+        # all are done, one all-reduce per token). Our FSDP generation runs inside runtime.full_weights (whole layers,
+        # no collectives), where ranks generate independently and a synced rank would wait forever for the others.
+        last = torch.tensor([[ctx[-1]] for ctx in chunk])
+        mask = torch.cat([mask, torch.ones_like(last)], 1)
+        sequences = model.generate(input_ids=last.to(device), attention_mask=mask.to(device), cache=cache,
+                                   use_cache=True, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
+                                   eos_token_id=eos_ids, synced_gpus=False, logits_processor=processors,
+                                   **sampling, **stopping)
+        check.raise_if_bad(start)
+        generated = sequences[:, 1:].tolist()
+        actions = [cut_at_eos(row, eos_ids) for row in generated]
+        row_keep = keep[start : start + step] if caches is not None else [False] * len(chunk)
+        if any(row_keep):
+            # The cache holds every fed position: cached + new + all generated tokens but the last one.
+            length = len(generated[0])  # new tokens of the longest row; the last one was never fed
+            fed = [a[: length - 1] for a in actions]
+            generated_valid = torch.tensor([[1] * len(a) + [0] * (length - 1 - len(a)) for a in fed],
+                                           dtype=torch.long).reshape(len(chunk), length - 1)
+            valid = torch.cat([mask, generated_valid], 1)
+            caches[start : start + step] = split_cache(cache, valid, [ctx + a for ctx, a in zip(chunk, fed)],
+                                                       row_keep)
+        del cache
         if stop is not None and getattr(stop, "lengths", None):
             actions = [a[:n] if n else a for a, n in zip(actions, stop.lengths)]
         outputs += actions

@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 
 from config import MODES, ConfigError, IntrinsicConfig, MemoryConfig, RolloutConfig
 from envs.base import Env, Task
-from generation import ChatStream, PrefixCache, generate, prefill, supports_kv_reuse
+from generation import ChatStream, generate, prefill
+from kvcache import PrefixCache, supports_kv_reuse
 from memory import TipEntry, TipMemory, tip_block
 from runtime import derive_seed
 
@@ -171,6 +172,17 @@ def advantage_return(ep: Episode, intrinsic: IntrinsicConfig) -> float:
 def generate_actions(model, chat: ChatStream, contexts: list[list[int]], caches=None, **kwargs) -> list[list[int]]:
     """generation.generate with the chat's pad and eos ids (caches: per-row PrefixCache list, or None)."""
     return generate(model, chat.pad_id, chat.eos_id, contexts, caches=caches, **kwargs)
+
+
+def cache_needed(ep: Episode, env: Env, step: int, keep_caches: bool) -> bool:
+    """Whether an episode's KV cache is used after step `step`'s call: by its tip (keep_caches; a window-layout
+    tip sees the whole trajectory, not the cached window) or by a next turn, which the environment's step limit
+    rules out at the last step. Not kept, it is not split out of the batch (an episode that ends earlier, done by
+    the environment, is known only after the call: its copy is dropped then)."""
+    if keep_caches and ep.layout != "window":
+        return True
+    limit = env.step_limit(ep.task)
+    return limit <= 0 or step + 1 < limit
 
 
 def row_seeds(episodes: list[Episode], *parts) -> list[int] | None:
@@ -327,11 +339,13 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
                     caches[i] = cache
             live_caches = [caches[i] for i in live]
             for i in live:
-                caches[i] = None  # generate() frees each row's copy once the batch holds it
+                caches[i] = None  # generate() consumes each row's cache as the batch takes it over
         logps: list = []  # behaviour log-probs of every sampled token: the update's old log-probs (samples.py)
+        keep = [cache_needed(episodes[i], envs[i], step, keep_caches) for i in live]
         actions = generate_actions(model, chat, contexts, live_caches, max_new_tokens=cfg.max_action_tokens,
                                    temperature=temperature, top_p=cfg.top_p, batch_size=cfg.generation_batch_size,
-                                   seeds=row_seeds([episodes[i] for i in live], "step", step), logprobs=logps)
+                                   seeds=row_seeds([episodes[i] for i in live], "step", step), logprobs=logps,
+                                   keep_caches=keep, kv_cache=cfg.kv_cache)
         logps += [None] * (len(actions) - len(logps))  # nothing recorded (e.g. a scripted generator): recompute
         for i, cache in zip(live, live_caches or []):
             caches[i] = cache
@@ -427,7 +441,7 @@ def write_tips(model, chat: ChatStream, episodes: list[Episode], memory: TipMemo
         outputs = generate_actions(model, chat, [tip_context(chat, ep, budget) for ep in todo], caches,
                                    max_new_tokens=cfg.tip_max_tokens, temperature=cfg.tip_temperature,
                                    batch_size=cfg.generation_batch_size, seeds=row_seeds(todo, "tip"),
-                                   keep_caches=False, stop=chat.first_line_stop())
+                                   keep_caches=False, stop=chat.first_line_stop(), kv_cache=cfg.kv_cache)
         tips = [chat.plain(chat.decode(ids)) for ids in outputs]
     empty = 0
     for ep, text in zip(todo, tips):

@@ -46,6 +46,7 @@ def test_overrides_are_typed():
     ("--model.lora=maybe", "model.lora"),
     ("--train=3", "train"),
     ("--loss.lowprob_mask=always", "loss.lowprob_mask"),
+    ("--rollout.kv_cache=paged", "rollout.kv_cache='paged' is not one of"),
     ("--memory.p_no_memory=0.9", "memory.p_"),
 ])
 def test_bad_values_name_the_key(override, fragment):

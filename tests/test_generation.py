@@ -11,7 +11,8 @@ import torch
 
 from config import RolloutConfig
 from envs.base import Env, Task
-from generation import PrefixCache, RowSampler, cut_at_eos, generate, left_pad, prefill
+from generation import NonFiniteScoresError, RowSampler, ScoreCheck, cut_at_eos, generate, left_pad, prefill
+from kvcache import PrefixCache
 from memory import TipEntry, TipMemory
 from rollout import ChatStream, run_episodes, write_tips
 
@@ -287,3 +288,137 @@ def test_a_seeded_row_samples_the_same_tokens_in_any_batch(policy, reuse):
     assert run([b, a, c], [1, 7, 2])[1] == alone[0]
     assert run([c, b, a], [2, 1, 7], batch_size=2)[2] == alone[0]
     assert len({tuple(x) for x in run([a] * 4, [10, 11, 12, 13])}) > 1  # other seeds, other samples
+
+
+def reference_draws(seeds, scores_per_step, temperature, top_p):
+    """Today's RowSampler, one row and one step at a time: each row's own torch.Generator draws one uniform per step
+    (torch.rand(())), inverted through that row's tempered, top-p-cut distribution."""
+    generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+    steps = []
+    for scores in scores_per_step:
+        tokens = []
+        for row, generator in enumerate(generators):
+            u = torch.rand((), generator=generator)
+            probs = torch.softmax(scores[row].float() / temperature, dim=-1)
+            if top_p < 1.0:
+                sorted_probs, order = probs.sort(descending=True)
+                outside = sorted_probs.cumsum(-1) - sorted_probs > top_p
+                probs = probs.scatter(-1, order, sorted_probs.masked_fill(outside, 0.0))
+            cdf = probs.cumsum(-1)
+            index = int(torch.searchsorted(cdf, (u * cdf[-1]).reshape(1), right=True))
+            tokens.append(min(index, int(torch.nonzero(probs > 0).max())))
+        steps.append(tokens)
+    return steps
+
+
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 0.9)])
+def test_pre_drawn_uniforms_give_the_per_step_reference_samples(temperature, top_p):
+    """The uniforms drawn once per call give, bit for bit, the tokens of one draw per step and row."""
+    g = torch.Generator().manual_seed(0)
+    seeds, steps = [3, 1, 4, 1_000_003], 6
+    scores = [torch.randn(4, 50, generator=g) * 3 for _ in range(steps)]
+    sampler = RowSampler(seeds, temperature, top_p, steps=steps)
+    got = [sampler(None, s.clone()).argmax(-1).tolist() for s in scores]
+    assert got == reference_draws(seeds, scores, temperature, top_p)
+    assert len({tuple(step) for step in got}) > 1
+    with pytest.raises(RuntimeError, match="called once more"):
+        sampler(None, scores[0].clone())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature, reuse", [(0.0, True), (1.0, True), (1.0, False)])
+def test_static_and_dynamic_kv_caches_give_the_same_episodes(policy, temperature, reuse):
+    """rollout.kv_cache static (in-place buffers) vs dynamic (DynamicCache): identical actions, recorded log-probs
+    and tips, greedy and sampled with fixed seeds, over episodes of 1-3 turns with cut and eos-ended actions."""
+    model, tokenizer = policy
+    chat = ChatStream(tokenizer)
+    out = {}
+    for kind in ("dynamic", "static"):
+        cfg = RolloutConfig(max_action_tokens=8, max_prompt_tokens=4096, tip_max_tokens=10, kv_reuse=reuse,
+                            temperature=temperature, tip_temperature=temperature, kv_cache=kind)
+        eps = run_episodes(model, chat, [QuizEnv(1), QuizEnv(3), QuizEnv(2)], [Task("quiz", 0)] * 3, [0, 1, 2],
+                           mode="no_memory", memory=None, cfg=cfg, keep_caches=True, seeds=[5, 6, 7])
+        write_tips(model, chat, eps, None, cfg)
+        out[kind] = [(ep.ids, ep.action_logps, ep.tip) for ep in eps]
+    assert out["static"] == out["dynamic"]
+    assert [len(ep[1]) for ep in out["static"]] == [1, 3, 2]
+
+
+def test_score_check_flags_every_non_finite_row_and_only_those():
+    scores = torch.tensor([[0.0, 1.0, float("-inf")], [float("nan"), 0.0, 0.0], [0.0, float("inf"), 0.0],
+                           [float("-inf")] * 3])
+    check = ScoreCheck()
+    out = check(None, scores)
+    assert check.first_bad.tolist() == [-1, 0, 0, 0] and torch.isfinite(out[1:]).all()
+    assert torch.equal(out[0], scores[0])  # a finite row (one token masked to -inf) is left as it is
+    check(None, torch.zeros(4, 3))
+    with pytest.raises(NonFiniteScoresError, match=r"step 0 .* row 6 of the call \(3 row"):
+        check.raise_if_bad(first_row=5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature, seeds", [(1.0, [1, 2, 3]), (0.0, None), (1.0, None)])
+def test_non_finite_scores_stop_generation_with_the_step_and_row(policy, temperature, seeds):
+    """NaN logits for one row at one step (a forward hook on the real model's LM head) stop `generate` with an error
+    naming them, through our sampler, greedy argmax and HF's own sampler; without the check they became a token."""
+    model, tokenizer = policy
+    chat = ChatStream(tokenizer)
+    contexts = [chat.first_turn(q) for q in ("Name a colour.", "Count to three.", "Hi")]
+    head, forwards = model.get_output_embeddings(), []
+
+    def poison(module, inputs, output):  # per batch: forward 0 encodes the contexts, forward k + 1 scores step k
+        if output.shape[0] == 1:  # the second batch (batch_size 2): context 2 alone
+            forwards.append(1)
+            if len(forwards) == 3:
+                output[0] = float("nan")
+        return output
+
+    handle = head.register_forward_hook(poison)
+    try:
+        with pytest.raises(NonFiniteScoresError, match=r"generation step 1 \(0 = the first new token\) of row 2"):
+            generate(model, chat.pad_id, chat.eos_id, contexts, max_new_tokens=6, temperature=temperature,
+                     caches=[None] * 3, seeds=seeds, batch_size=2)  # row 2 = the second batch's first row
+    finally:
+        handle.remove()
+
+
+def nan_for_fully_masked_rows(module, query, key, value, attention_mask, **kwargs):
+    """SDPA, except that a query row whose mask allows no key gets NaN, as some SDPA kernels give it."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    out, weights = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    if attention_mask is not None and attention_mask.dtype == torch.bool:
+        empty = ~attention_mask.any(-1)  # [B, 1, Q]
+        out = out.masked_fill(empty.squeeze(1)[:, :, None, None], float("nan"))  # out: [B, Q, heads, dim]
+    return out, weights
+
+
+@pytest.mark.slow
+def test_no_attention_row_is_fully_masked_so_a_nan_kernel_changes_nothing(policy):
+    """Under an attention kernel that returns NaN for fully masked query rows, a plain left-padded forward poisons
+    the padded row; prefill and generate (with and without caches, a 1-token context included) never build such a
+    row, so they give the same tokens as plain SDPA and finite caches."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    model, tokenizer = policy
+    chat = ChatStream(tokenizer)
+    contexts = [chat.first_turn("Hi"), chat.first_turn("Write a long story about a dragon who learns to cook."),
+                [chat.eos_id]]
+    run = lambda caches: generate(model, chat.pad_id, chat.eos_id, contexts, max_new_tokens=5,  # noqa: E731
+                                  temperature=0.0, caches=caches)
+    with torch.no_grad():
+        want_reuse, want_plain = run(prefill(model, contexts, chat.pad_id)), run(None)
+        AttentionInterface.register("nan_if_fully_masked", nan_for_fully_masked_rows)
+        AttentionMaskInterface.register("nan_if_fully_masked", sdpa_mask)
+        config, original = model.config, model.config._attn_implementation
+        config._attn_implementation = "nan_if_fully_masked"
+        try:
+            ids, mask = left_pad(contexts[:2], chat.pad_id)
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+            assert torch.isnan(logits[0, -1]).all()  # the kernel does poison a left-padded batch
+            caches = prefill(model, contexts, chat.pad_id)
+            assert all(torch.isfinite(t).all() for c in caches if c is not None for t in c.keys + c.values)
+            assert run(caches) == want_reuse and run(None) == want_plain
+        finally:
+            config._attn_implementation = original
