@@ -300,6 +300,6 @@ def test_reference_logprobs_are_the_base_models_with_lora_disabled(policy):
     expected = [log_probs[t, ids[t + 1]].item() for t in positions]
     assert len(sample.ref_logp) == len(expected)
     # Equal up to fp32 summation order (the scoring forward keeps only action positions, the independent one all;
-    # measured 0.3-1.3e-5 depending on the thread count earlier tests left torch with); the adapters move it 0.43.
+    # 1.3e-5 in the full suite, where earlier tests change torch's thread count); the adapters move it 0.43.
     assert max(abs(a - b) for a, b in zip(sample.ref_logp, expected)) <= 5e-5
     assert max(abs(adapted[t, ids[t + 1]].item() - e) for t, e in zip(positions, expected)) > 1e-3  # measured 0.43
