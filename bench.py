@@ -38,7 +38,8 @@ import torch
 from config import load_config, split_cli
 from envs import make_env
 from generation import left_pad
-from losses import compute_old_logprobs, group_advantages, length_buckets, padded_tokens, samples_loss
+from advantages import group_advantages
+from losses import compute_old_logprobs, length_buckets, padded_tokens, samples_loss
 from memory import TipMemory
 from models import load_policy
 from rollout import ChatStream, run_episodes, write_tips

@@ -49,8 +49,8 @@ from checkpoint import (CheckpointError, check_resume, find_checkpoint, load_che
 from config import Config, ConfigError, config_help, load_config, split_cli, to_dict
 from envs import make_env_pool
 from eval import evaluate
-from losses import (compute_old_logprobs, compute_reference_logprobs, gigpo_step_advantages, group_advantages,
-                    length_buckets, novelty_advantages, padded_tokens, samples_loss)
+from advantages import gigpo_step_advantages, group_advantages, novelty_advantages
+from losses import compute_old_logprobs, compute_reference_logprobs, length_buckets, padded_tokens, samples_loss
 from memory import TipMemory
 from metrics import (EpisodeStats, MetricsLogger, episode_record, merge_rank_metrics, plot_metrics, sample_for_log,
                      write_episodes)

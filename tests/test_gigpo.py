@@ -1,4 +1,4 @@
-"""GiGPO as verl-agent computes it (losses.gigpo_step_advantages), every expected value worked out by hand; and the
+"""GiGPO as verl-agent computes it (advantages.gigpo_step_advantages), every expected value worked out by hand; and the
 WebShop side it needs: anchor states without the instruction (shared by the start page and a revisited search page)
 and the per-step invalid-action penalty in `info`."""
 import math
@@ -7,7 +7,7 @@ import pytest
 
 from envs.base import Env, Task
 from envs.webshop import WebShopConfig, WebShopEnv
-from losses import gigpo_step_advantages
+from advantages import gigpo_step_advantages
 
 R2 = math.sqrt(2.0)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CORE = ("train.py", "rollout.py", "samples.py", "losses.py", "memory.py", "eval.py")
+CORE = ("train.py", "rollout.py", "samples.py", "losses.py", "advantages.py", "memory.py", "eval.py")
 
 
 def project_modules() -> dict[str, Path]:

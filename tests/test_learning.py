@@ -19,7 +19,8 @@ import torch
 
 from config import load_config
 from envs.base import Env, Task
-from losses import group_advantages, sequence_action_logprobs
+from advantages import group_advantages
+from losses import sequence_action_logprobs
 from memory import TipEntry, TipMemory, tip_block
 from models import load_policy
 from rollout import ChatStream, Episode, run_episodes

@@ -4,8 +4,9 @@ import math
 import pytest
 import torch
 
-from losses import (action_logprobs, action_runs, anchor_state_advantages, clipped_policy_loss, discounted_returns,
-                    grpo_advantages, group_advantages, loss_weights, novelty_advantages)
+from advantages import (anchor_state_advantages, discounted_returns, grpo_advantages, group_advantages,
+                        novelty_advantages)
+from losses import action_logprobs, action_runs, clipped_policy_loss, loss_weights
 
 
 def loss_of(ratios, advantages, mask=None, old=None, **kw):

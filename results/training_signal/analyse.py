@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from losses import group_advantages, novelty_advantages
+from advantages import group_advantages, novelty_advantages
 
 
 def episodes(run: Path) -> dict[int, list[dict]]:

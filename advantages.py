@@ -1,0 +1,174 @@
+"""Advantages: how much better each episode (or step) did than its group. Pure functions over returns and groups.
+
+Paper map (arXiv 2602.23008; the equations are written out in docs/algorithm.md):
+
+* `grpo_advantages`     - §2 / Eq. 1: A_i = (R_i - mean_j R_j) / (std_j R_j + eps) within one group (the N episodes
+                          of one task row), std unbiased as in the reference. R_i is the score (with
+                          intrinsic.combine=return also + coef * B_i).
+* `novelty_advantages`  - §4.2's novelty bonus, which really reaches the advantage (the reference release computes it
+                          and then ignores it): A_i += coef * (B_i - group mean), B_i = sum_t 1/n_t (rollout.py,
+                          memory.py), centred but not std-normalised, so a tie on the score goes to the explorer and
+                          a real score difference still decides (docs/algorithm.md).
+* `gigpo_step_advantages` (with `discounted_returns`, `anchor_state_advantages`, `pool_normalise`) - optional
+                          (`loss.advantage: gigpo`), not in the paper: GiGPO (Feng et al. 2025, the WebShop anchor)
+                          as verl-agent computes it, one advantage per step sample = episode level + weight x step
+                          level. Episode level: each step row's score R_i - p_it against its group's pool, which
+                          is every step row (`episode_stats="step"`, verl-agent's default) or one score per
+                          episode (`"episode"`, GiGPO Eq. 3). Step level: rows of a group with the same anchor
+                          state (the page without the task text, `Env.anchor_state()`) compared by their
+                          discounted return G_it - p_it. The invalid-action penalty p_it hits its own row only.
+
+Every function works in float64 and returns Python floats or tensors; a group of one has no baseline (advantage 0),
+a group whose returns are all equal has no signal (0, never NaN). The trainer calls them once per iteration
+(train.py); the objective that consumes them is losses.py.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def pool_normalise(values: torch.Tensor, pool: torch.Tensor, eps: float = 1e-6, divide_std: bool = True
+                   ) -> torch.Tensor:
+    """[M] values -> [M] (value - mean(pool)) / (std(pool) + eps) in float64, std unbiased (divide_std=False: only
+    centred). A pool of fewer than two members, or whose members are all equal, gives exactly 0 everywhere: no
+    baseline / no signal (and no rounding residue such as 1e-10 from mean(x, x, x) != x)."""
+    values, pool = values.double(), pool.double()
+    if pool.numel() < 2 or bool((pool == pool[0]).all()):
+        return torch.zeros_like(values)
+    centred = values - pool.mean()
+    return centred / (pool.std(unbiased=True) + eps) if divide_std else centred
+
+
+def grpo_advantages(returns: torch.Tensor, eps: float = 1e-6, divide_std: bool = True) -> torch.Tensor:
+    """returns: [N] episode returns of one group -> [N] advantages (divide_std=False: R - mean, GiGPO "w/o std")."""
+    return pool_normalise(returns, returns, eps, divide_std).float()
+
+
+def group_advantages(returns: list[float], group_ids: list, eps: float = 1e-6, divide_std: bool = True
+                     ) -> list[float]:
+    """GRPO advantages for a flat list of episodes; episodes with equal group_id form one group."""
+    advantages = [0.0] * len(returns)
+    groups: dict = {}
+    for index, gid in enumerate(group_ids):
+        groups.setdefault(gid, []).append(index)
+    for members in groups.values():
+        adv = grpo_advantages(torch.tensor([returns[i] for i in members], dtype=torch.float64), eps, divide_std)
+        for i, value in zip(members, adv.tolist()):
+            advantages[i] = value
+    return advantages
+
+
+def discounted_returns(rewards: list[float], gamma: float) -> list[float]:
+    """[T] step rewards -> [T] returns from each step on: R_t = sum_{k >= t} gamma^(k - t) r_k."""
+    out, running = [0.0] * len(rewards), 0.0
+    for t in range(len(rewards) - 1, -1, -1):
+        running = rewards[t] + gamma * running
+        out[t] = running
+    return out
+
+
+def anchor_state_advantages(states: list[list[str]], step_returns: list[list[float]], group_ids: list,
+                            eps: float = 1e-6, divide_std: bool = True) -> list[list[float]]:
+    """GiGPO's step-level advantages. states[i][t]: the anchor state before episode i's action t; step_returns[i][t]:
+    its discounted return (gigpo_step_advantages passes G_it - p_it). Steps of one GRPO group (same group id) whose
+    states are identical form an anchor-state group; within it A_t = (R_t - mean) / (std + eps) (divide_std=False:
+    R_t - mean, GiGPO "w/o std"). A state seen once, or with equal returns, gets exactly 0 (`pool_normalise`)."""
+    anchors: dict = {}
+    for i, (gid, episode_states) in enumerate(zip(group_ids, states)):
+        for t, state in enumerate(episode_states):
+            anchors.setdefault((gid, state), []).append((i, t))
+    out = [[0.0] * len(r) for r in step_returns]
+    for members in anchors.values():
+        returns = torch.tensor([step_returns[i][t] for i, t in members], dtype=torch.float64)
+        values = pool_normalise(returns, returns, eps, divide_std)
+        for (i, t), value in zip(members, values.tolist()):
+            out[i][t] = value
+    return out
+
+
+def gigpo_step_advantages(step_rewards: list[list[float]], penalties: list[list[float]], anchors: list[list[str]],
+                          group_ids: list, *, gamma: float, weight: float, divide_std: bool,
+                          episode_stats: str = "step", eps: float = 1e-6,
+                          episode_bonus: list[float] | None = None) -> tuple[list[list[float]], int]:
+    """GiGPO's advantage of every step sample (one sample per step), computed as verl-agent computes it.
+
+    Inputs: one list per episode i, one entry per step t in it (all of an episode's lists have equal length).
+      step_rewards[i][t]  the environment's reward for action t WITHOUT the invalid-action penalty
+      penalties[i][t]     the invalid-action penalty charged to action t (0.0 for a well-formed output)
+      anchors[i][t]       the anchor state before action t: the observation without task text (Env.anchor_state())
+      group_ids[i]        the GRPO group (task row) of episode i; episodes and anchors are compared only within one
+      episode_bonus[i]    optional, added to episode i's episode-level score only (EMPO²'s novelty term); None: 0
+
+    Each step row (i, t) gets two scores; its penalty enters that row only (verl-agent's
+    apply_invalid_action_penalty), never R_i or an earlier step's return:
+      episode score  E_it = R_i + bonus_i - p_it      R_i = sum_t r_it
+      step score     S_it = G_it - p_it               G_it = sum_{k >= t} gamma^(k - t) r_ik
+    Episode level (GiGPO Eq. 3): E_it is normalised with the mean/std of its group's pool:
+      episode_stats="step"    - the pool is E of every step row of the group, so a longer episode weighs more
+                                (verl-agent's default, episode_norm_reward(compute_mean_std_cross_steps=True));
+      episode_stats="episode" - one score per episode, that of its first row E_i0 (= R_i + bonus_i unless step 0
+                                was penalised; verl-agent's compute_mean_std_cross_steps=False, rows in step order).
+    Step level (Eq. 6-7): the rows of one group with equal anchors form an anchor group; S is normalised in it.
+    A_it = episode level + weight x step level (Eq. 8). divide_std=False only centres both levels (verl-agent's
+    "mean_norm", GiGPO "w/o std"); True divides by (std + eps), std unbiased. A pool or anchor group with fewer
+    than two members, or all members equal, gives exactly 0 to all its rows (verl-agent: one-member anchor groups
+    0 too, but a one-member episode pool keeps its raw score and a zero-std pool divides by eps alone; in
+    "episode" mode this also drops the episode-level penalty of a row whose group's pool is all equal).
+
+    Returns (advantages[i][t], the number of rows whose step-level advantage is not 0)."""
+    if episode_stats not in ("step", "episode"):
+        raise ValueError(f"episode_stats must be 'step' or 'episode', not {episode_stats!r}")
+    n = len(step_rewards)
+    bonus = [0.0] * n if episode_bonus is None else list(episode_bonus)
+    if not len(penalties) == len(anchors) == len(group_ids) == len(bonus) == n:
+        raise ValueError("step_rewards, penalties, anchors, group_ids (and episode_bonus) need one entry per episode")
+    for i in range(n):
+        if not len(step_rewards[i]) == len(penalties[i]) == len(anchors[i]):
+            raise ValueError(f"episode {i}: step_rewards, penalties and anchors differ in length")
+
+    # Row scores (float64 tensors, one per episode).
+    rewards = [torch.tensor(r, dtype=torch.float64) for r in step_rewards]
+    pens = [torch.tensor(p, dtype=torch.float64) for p in penalties]
+    episode_scores = [r.sum() + b - p for r, b, p in zip(rewards, bonus, pens)]  # [T_i]
+    step_scores = [torch.tensor(discounted_returns(r, gamma), dtype=torch.float64) - p
+                   for r, p in zip(step_rewards, pens)]  # [T_i]
+
+    # Episode level: each group's pool (all rows, or each episode's first row), applied to every row.
+    episode_level: list[torch.Tensor] = [torch.zeros(0, dtype=torch.float64)] * n
+    members: dict = {}
+    for i, gid in enumerate(group_ids):
+        members.setdefault(gid, []).append(i)
+    for group in members.values():
+        rows = [episode_scores[i] for i in group if len(episode_scores[i])]
+        if not rows:
+            continue
+        pool = torch.cat(rows) if episode_stats == "step" else torch.stack([r[0] for r in rows])
+        for i in group:
+            episode_level[i] = pool_normalise(episode_scores[i], pool, eps, divide_std)
+
+    # Step level: anchor groups inside each group.
+    step_level = anchor_state_advantages(anchors, [s.tolist() for s in step_scores], group_ids, eps, divide_std)
+    advantages = [[float(e) + weight * s for e, s in zip(ep_level.tolist(), st_level)]
+                  for ep_level, st_level in zip(episode_level, step_level)]
+    credited = sum(value != 0.0 for st_level in step_level for value in st_level)
+    return advantages, credited
+
+
+def novelty_advantages(advantages: list, bonuses: list[float], group_ids: list, coef: float) -> list:
+    """A_i + coef * (B_i - mean_j B_j) within each group (intrinsic.combine = "advantage", the default).
+
+    advantages[i]: episode i's score advantage (or one per step: the same term is added to each); bonuses[i]: its
+    novelty B_i = sum_t 1/n_t, in units of "new states" (a state never seen before pays 1). The bonus is centred in
+    the group but NOT divided by its std: one new state more than the group's average is worth `coef` advantage
+    units, whatever the group, while a real score difference is worth about +-1 (std-normalised). So ties on the
+    score are broken by exploration, tiny bonus differences stay tiny, and the score decides otherwise."""
+    groups: dict = {}
+    for index, gid in enumerate(group_ids):
+        groups.setdefault(gid, []).append(index)
+    out = list(advantages)
+    for members in groups.values():
+        mean = sum(bonuses[i] for i in members) / len(members)
+        for i in members:
+            extra = coef * (bonuses[i] - mean) if len(members) > 1 else 0.0
+            out[i] = [a + extra for a in out[i]] if isinstance(out[i], list) else out[i] + extra
+    return out
