@@ -190,8 +190,8 @@ def row_seeds(episodes: list[Episode], *parts) -> list[int] | None:
     return None if any(ep.seed is None for ep in episodes) else [derive_seed(ep.seed, *parts) for ep in episodes]
 
 
-def full_history_turn(chat: ChatStream, ep: Episode, observation: str, block: str, reminder: str = "",
-                      prefix: list[int] = ()):
+def full_history_turn(chat: ChatStream, ep: Episode, observation: str, block: str, reminder: str,
+                      prefix: list[int]):
     """(prompt delta, tip-free delta, model context) for the next turn of an append-only episode: a later user turn
     is observation + tip block + `reminder` (Env.turn_reminder; the first message holds the whole instruction),
     then the generation prompt and `prefix` (rollout.action_prefix's ids: the start of the assistant's answer).
@@ -202,7 +202,7 @@ def full_history_turn(chat: ChatStream, ep: Episode, observation: str, block: st
         closing = chat.close_action(ep.last_action_ids)
         delta = closing + chat.next_turn(observation + block + reminder)
         twin_delta = closing + chat.next_turn(observation + reminder)
-    delta, twin_delta = delta + list(prefix), twin_delta + list(prefix)
+    delta, twin_delta = delta + prefix, twin_delta + prefix
     return delta, twin_delta, ep.ids + delta
 
 
@@ -234,12 +234,12 @@ def check_prompt_budget(chat: ChatStream, env: Env, tasks: list[Task], cfg: Roll
         check_first_turn(task, len(chat.first_turn(env.reset(task))), env.step_limit(task), cfg, reminder)
 
 
-def window_turn(chat: ChatStream, env: Env, window: int, block: str, reminder: str = "", prefix: list[int] = ()):
+def window_turn(chat: ChatStream, env: Env, window: int, block: str, reminder: str, prefix: list[int]):
     """(prompt, tip-free prompt, model context) of a history-window step: a fresh one-turn conversation, its tips
     and then the reminder last (the reference's order), then `prefix` (rollout.action_prefix's ids)."""
     text = env.window_prompt(window)
-    delta = chat.first_turn(text + block + reminder) + list(prefix)
-    return delta, chat.first_turn(text + reminder) + list(prefix), delta
+    delta = chat.first_turn(text + block + reminder) + prefix
+    return delta, chat.first_turn(text + reminder) + prefix, delta
 
 
 def kv_reuse_enabled(model, cfg: RolloutConfig) -> bool:

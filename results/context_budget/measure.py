@@ -240,7 +240,7 @@ def account(chat: ChatStream, record: dict, block: str, placement: str, cfg) -> 
                  layout=layout)
     lengths = []
     for observation, action in zip(record["observations"], record["actions"]):
-        delta, twin_delta, context = full_history_turn(chat, ep, observation, block)
+        delta, twin_delta, context = full_history_turn(chat, ep, observation, block, "", [])
         ep.add_prompt(delta, twin_delta)
         # What run_episodes checks against the budget: the context the model is given at this step.
         lengths.append(len(ep.steps[-1].ids) if layout == "current_turn" else len(context))
