@@ -68,6 +68,9 @@ class ModelConfig:
     # log-probs and the loss read logits the head did not round. Costs vocab x hidden x 2 bytes (7B: +1.1 GB; a tied
     # head, e.g. Qwen2.5-0.5B under LoRA, gets an fp32 copy: x 4, +0.54 GB); FSDP: its own fp32 policy.
     fp32_lm_head: bool = True
+    # CUDA only: fp32 matmuls run as TF32 on tensor cores (inputs rounded to a 10-bit mantissa, fp32 accumulation;
+    # ~8x the fp32 rate on A100/H100). Affects float32 runs (LoRA) and fp32 master-weight math; false = exact fp32.
+    tf32: bool = True
 
 
 @dataclass

@@ -27,12 +27,18 @@ compute: on this CPU it is ~1% of the prefill it replaces), made layer by layer 
 once (kvcache.py), and holding each live episode's cache between turns. With greedy decoding the reused and the
 re-encoded paths produce the same tokens (tests/test_generation.py); the logits differ only by summation order.
 
+A model with fp32 master weights that computes under autocast (full fine-tuning without FSDP, models.load_policy)
+generates inside ONE autocast region per call (`one_autocast_region`): autocast caches the compute-dtype copy of
+every weight until its outermost region ends, so the weights are cast once per call, not once per decode step.
+
 `ChatStream` turns a tokenizer's chat template into the append-only token deltas the streams are built from
 (first turn, the closing of an action, the next user turn). Every row stops at any eos id of the model's
 generation config (`stop_ids`: Qwen2.5 has two). A sliding-window model cannot reuse caches
 (`kvcache.supports_kv_reuse`); the rollout then re-encodes with a warning.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -232,6 +238,22 @@ def feed_prefixes(model, rows: list[list[int]], caches: list[PrefixCache | None]
 
 
 @torch.no_grad()
+def one_autocast_region(fn):
+    """Run fn(model, ...) inside one autocast region when the model asks for it (`model.generation_autocast_dtype`,
+    set by models.load_policy for fp32 master weights with autocast forwards). Each forward's own autocast then
+    nests inside it and reuses the weight casts cached for the whole call; the cache (one compute-dtype copy of
+    the weights: 7B in bf16, 15 GB) is freed when the call returns."""
+    @functools.wraps(fn)
+    def wrapped(model, *args, **kwargs):
+        dtype = getattr(model, "generation_autocast_dtype", None)
+        if dtype is None:
+            return fn(model, *args, **kwargs)
+        with torch.autocast(next(model.parameters()).device.type, dtype=dtype):
+            return fn(model, *args, **kwargs)
+    return wrapped
+
+
+@one_autocast_region
 def prefill(model, contexts: list[list[int]], pad_id: int, batch_size: int = 0) -> list[PrefixCache | None]:
     """Encode each DISTINCT context once (all but its last token, which `generate` must feed to sample) and
     return one cache per context; identical contexts share one cache object (a GRPO group's first message)."""
@@ -247,6 +269,7 @@ def prefill(model, contexts: list[list[int]], pad_id: int, batch_size: int = 0) 
     return [by_prefix.get(tuple(c[:-1])) for c in contexts]
 
 
+@one_autocast_region
 @torch.no_grad()
 def generate(model, pad_id: int, eos_id: int, contexts: list[list[int]], *, max_new_tokens: int,
              temperature: float, top_p: float = 1.0, batch_size: int = 0,

@@ -252,8 +252,10 @@ def load_policy(cfg, device=None, autocast_forward: bool = True):
     weights_dtype = compute_dtype if cfg.lora else torch.float32
     try:
         tokenizer = load_tokenizer(path)
+        # Straight onto the device: no host copy of the weights (full fine-tuning's fp32 7B would be 30 GB per rank)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=weights_dtype,
-                                                     attn_implementation=cfg.attn_implementation)
+                                                     attn_implementation=cfg.attn_implementation,
+                                                     device_map=None if device is None else {"": torch.device(device)})
     except (OSError, ValueError) as err:
         raise _load_error(cfg.name_or_path, path, err) from None
 
@@ -300,6 +302,11 @@ def load_policy(cfg, device=None, autocast_forward: bool = True):
         # (rollout, tips, log-probs, update) runs under autocast; backward and the optimizer see fp32 weights.
         device_type = next(model.parameters()).device.type
         model.forward = torch.autocast(device_type=device_type, dtype=compute_dtype)(model.forward)
+        model.generation_autocast_dtype = compute_dtype  # generation.one_autocast_region: cast once per call
+    if cfg.tf32 and next(model.parameters()).device.type == "cuda":
+        # fp32 matmuls (the fp32 LoRA path, fp32 master weights' backward) on tensor cores: 10-bit mantissa
+        # inputs, fp32 accumulation. A process-wide setting; CPU matmuls are unaffected.
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
     return model, tokenizer
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import smoke
 from config import ModelConfig
@@ -123,6 +124,40 @@ def test_full_finetune_under_autocast_keeps_the_head_in_fp32(folder):
     assert (logits - F.linear(hidden.float(), master.detach())).abs().max() <= 1e-4
     _, rounded = head_input_and_logits(load(folder, "bfloat16", False, lora=False)[0], torch.tensor([[5, 17, 300]]))
     assert rounded.dtype == torch.bfloat16  # autocast's head without the option
+
+
+class CountWeightCasts(TorchDispatchMode):
+    """Counts fp32 -> bf16 copies of 2-D tensors (the linear weights) as they reach the kernels."""
+
+    def __init__(self):
+        super().__init__()
+        self.casts = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if (func is torch.ops.aten._to_copy.default and args[0].dtype == torch.float32 and args[0].dim() == 2
+                and kwargs.get("dtype") == torch.bfloat16):
+            self.casts += 1
+        return func(*args, **kwargs)
+
+
+def test_full_finetune_generation_casts_the_weights_once_per_call(folder):
+    """fp32 master weights under autocast: one autocast region around generate casts each weight once per call; the
+    per-forward autocast alone re-casts every weight at every decode step. The tokens are the same."""
+    model, _ = load(folder, "bfloat16", False, lora=False)
+    assert model.generation_autocast_dtype == torch.bfloat16
+    linear = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    contexts, new = [[5, 17, 300, 42, 7, 9], [5, 17, 300, 8]], 12
+    with CountWeightCasts() as once:
+        tokens = generate(model, 0, 1, contexts, max_new_tokens=new, temperature=0.0)
+    model.generation_autocast_dtype = None  # what the per-forward autocast does alone
+    with CountWeightCasts() as per_step:
+        assert generate(model, 0, 1, contexts, max_new_tokens=new, temperature=0.0) == tokens
+    assert [len(t) for t in tokens] == [new, new]
+    assert once.casts == linear  # every linear weight once (the embedding is a lookup, not cast)
+    assert per_step.casts == linear * (new + 1)  # the prefix forward + one per generated token
+    lora_model, _ = load(folder, "bfloat16", False, lora=True)
+    assert getattr(lora_model, "generation_autocast_dtype", None) is None  # bf16 weights: nothing to cast
 
 
 def test_a_model_without_a_linear_head_is_refused_with_a_clear_error():
