@@ -219,7 +219,7 @@ class TrainConfig:
     seed: int = 0  # every random stream of the run derives from it (runtime.derive_seed)
     torch_threads: int = 0  # 0 = leave torch's default
     tensorboard: bool = True  # write TensorBoard events to output_dir/tb
-    wandb_project: str = ""  # set to log to Weights & Biases as well (optional dependency)
+    wandb_project: str = ""  # also log to Weights & Biases (wandb is imported only then; WANDB_MODE=offline works)
     # Episodes written turn by turn for viewer.py: per iteration and rank to output_dir/episodes/iter_XXXXXX_rankR.jsonl
     # (validation: val_XXXXXX.jsonl; eval.py: per evaluation or adaptation step); a seeded sample. -1 = all, 0 = none
     log_episodes: int = 8

@@ -4,8 +4,19 @@
   episodes (the extrinsic return: what the environment paid, without the novelty bonus).
 * `merge_rank_metrics`: one iteration's record from every rank's episodes, update statistics and counts.
 * `MetricsLogger`: appends records on the main process; `plot_metrics` draws the PNG from metrics.jsonl.
+* `read_wandb_step`: the last iteration a wandb run holds, as the logger recorded it (output_dir/wandb_step).
 * `episode_record` / `sample_for_log` / `write_episodes`: a capped, seeded sample of episodes, turn by turn, in
   output_dir/episodes/*.jsonl (what viewer.py shows).
+
+Resume and Weights & Biases. A resumed run (`start > 1`) re-runs the iterations after its checkpoint. metrics.jsonl and
+TensorBoard drop the interrupted run's rows of iterations >= start, so they hold the re-run's. A wandb run's history
+cannot be rewritten (its steps only increase; a rewind, `wandb.init(resume_from=...)`, is a private-preview server
+feature), so the logger continues the run under its saved id (output_dir/wandb_run_id) and sends wandb only the
+iterations it does not hold yet: every iteration once, logged live. An iteration the interrupted run logged after its
+last checkpoint keeps that run's row in wandb; the re-run (the same numbers, as a resume is exact, timing fields aside;
+docs/decisions.md, Reproducibility) is not sent again. What wandb holds is what the logger last sent it, written after
+each wandb.log to output_dir/wandb_step ({"run_id", "step"}), since an offline run cannot ask the server. Rows wandb
+lacks (a resume that turns wandb on, or back on after resumes without it) are sent from metrics.jsonl first.
 """
 from __future__ import annotations
 
@@ -99,15 +110,27 @@ def _iteration(line: str) -> float:
         return math.inf
 
 
+def read_wandb_step(out_dir: Path, run_id: str) -> int | None:
+    """The last iteration the logger sent to wandb run `run_id` (output_dir/wandb_step); None when unrecorded."""
+    try:
+        saved = json.loads((out_dir / "wandb_step").read_text())
+    except (OSError, ValueError):
+        return None
+    return saved["step"] if isinstance(saved, dict) and saved.get("run_id") == run_id else None
+
+
 class MetricsLogger:
     """metrics.jsonl + TensorBoard (+ optional wandb) on the main process; a no-op elsewhere."""
 
     def __init__(self, out_dir: Path, cfg: Config, enabled: bool, start: int = 1):
         """start > 1 (a resume): rows of iterations >= start, written after the checkpoint by the interrupted run,
-        are dropped from metrics.jsonl and TensorBoard, and a wandb run continues under its saved id."""
+        are dropped from metrics.jsonl and TensorBoard; a wandb run continues under its saved id and gets only the
+        iterations it does not hold (the module docstring)."""
         self.enabled, self.path, self.tb, self.wandb = enabled, out_dir / "metrics.jsonl", None, None
+        self.out_dir, self.wandb_step = out_dir, 0  # the last iteration the wandb run holds
         if not enabled:
             return
+        kept: list[str] = []
         if start > 1 and self.path.exists():
             kept = [line for line in self.path.read_text().splitlines() if _iteration(line) < start]
             tmp = self.path.with_suffix(".tmp")
@@ -125,6 +148,15 @@ class MetricsLogger:
             self.wandb = wandb.init(project=cfg.train.wandb_project, config=to_dict(cfg), dir=str(out_dir),
                                     id=run_id, resume="allow" if run_id else None)
             id_file.write_text(self.wandb.id)
+            if run_id:  # no record (a run directory from before wandb_step): it logged every row live, up to the crash
+                held = read_wandb_step(out_dir, run_id)
+                self.wandb_step = start - 1 if held is None else held
+            if self.wandb_step >= start:
+                print(f"wandb run {self.wandb.id} already holds iterations {start}..{self.wandb_step} (logged by the "
+                      f"interrupted run); they are kept and not sent again", flush=True)
+            for line in kept:  # what wandb lacks from before the checkpoint
+                if _iteration(line) > self.wandb_step:
+                    self._to_wandb(json.loads(line))
 
     def log(self, record: dict) -> None:
         if not self.enabled:
@@ -139,12 +171,27 @@ class MetricsLogger:
             if "mode" in record:
                 self.tb.add_scalar(f"by_mode/{record['mode']}/return_mean", record.get("return_mean", 0.0), step)
             self.tb.flush()
-        if self.wandb:
-            self.wandb.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=step)
+        if self.wandb and step > self.wandb_step:
+            self._to_wandb(record)
 
-    def close(self) -> None:
+    def _to_wandb(self, record: dict) -> None:
+        """Log one row at step = its iteration, then record that wandb holds it (after: a crash in between can
+        only make a resume send the row again, which an online run drops, never leave a hole)."""
+        step = record["iteration"]
+        self.wandb.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=step)
+        self.wandb_step = step
+        tmp = self.out_dir / "wandb_step.tmp"
+        tmp.write_text(json.dumps({"run_id": self.wandb.id, "step": step}))
+        tmp.replace(self.out_dir / "wandb_step")
+
+    def close(self, exit_code: int = 0) -> None:
+        """Close TensorBoard and finish the wandb run (exit_code != 0: marked failed, as after a crash)."""
         if self.tb:
             self.tb.close()
+            self.tb = None
+        if self.wandb:
+            self.wandb.finish(exit_code=exit_code)
+            self.wandb = None
 
 
 def episode_record(ep, ret: float | None = None) -> dict:

@@ -398,6 +398,9 @@ def train(cfg: Config) -> dict:
                 accelerator.print(f"stopped by a signal after iteration {iteration}: checkpoint {folder}; "
                                   f"continue with --resume=latest")
                 break
+    except BaseException:
+        logger.close(exit_code=1)  # TensorBoard flushed, the wandb run marked failed; resume from the checkpoint
+        raise
     finally:
         stop["restore"]()  # the caller's signal handlers come back whatever happened
     logger.close()
