@@ -113,6 +113,10 @@ class RolloutConfig:
     # block: one packed sample per episode, but 10 tips add ~850 tokens of context PER TURN (30 ScienceWorld steps
     # need ~30k tokens; docs/performance.md "Context budget").
     tip_placement: str = "current_turn"
+    # How a retrieved tip reads in the prompt: "reference" = the reference's line (the tip; the action taken; the
+    # score, ~65 tokens), "tip_only" = the tip sentence alone (~25 tokens; not the paper's: fewer tokens to train on
+    # in on-policy-with-tips iterations, but the model no longer sees which action and score the tip came from).
+    tip_format: str = "reference"
     # -1 = full append-only history, one episode = one packed training sequence (ScienceWorld default).
     # k >= 0 = each step's prompt shows only the last k steps; one training sample per step (WebShop).
     history_window: int = -1
@@ -253,6 +257,7 @@ class Config:
             "model.dtype": (self.model.dtype, {"float32", "bfloat16", "float16"}),
             "rollout.tip_placement": (self.rollout.tip_placement, {"current_turn", "history"}),
             "rollout.tip_source": (self.rollout.tip_source, {"policy", "environment"}),
+            "rollout.tip_format": (self.rollout.tip_format, {"reference", "tip_only"}),
             "rollout.kv_cache": (self.rollout.kv_cache, {"dynamic", "static"}),
             "loss.advantage": (self.loss.advantage, {"grpo", "gigpo"}),
             "loss.aggregation": (self.loss.aggregation, {"step", "episode", "token"}),

@@ -50,7 +50,9 @@ class TipEntry:
     ret: float  # the episode's extrinsic return
     state: str = ""  # the observation at which `action` was taken (used by similarity filters)
 
-    def render(self) -> str:
+    def render(self, form: str = "reference") -> str:
+        if form == "tip_only":  # rollout.tip_format: the sentence alone
+            return self.tip
         # Wording (typo included) of the reference, so prompts match the paper's setup.
         return (
             f"{self.tip}; At that timestep, the specific action your took was {self.action}; "
@@ -58,11 +60,11 @@ class TipEntry:
         )
 
 
-def tip_block(entries: list[TipEntry]) -> str:
-    """The text appended to a user message in memory modes ('' when nothing was retrieved)."""
+def tip_block(entries: list[TipEntry], form: str = "reference") -> str:
+    """The text appended to a user message in memory modes ('' when nothing was retrieved); form: rollout.tip_format."""
     if not entries:
         return ""
-    body = TIP_HEADER + "".join(entry.render() + "\n" for entry in entries)
+    body = TIP_HEADER + "".join(entry.render(form) + "\n" for entry in entries)
     return f"{TIP_OPEN}{body}{TIP_CLOSE}"
 
 

@@ -310,7 +310,8 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
             if ep.done:
                 continue
             retrieved = memory.retrieve(ep.task.key, observations[i]) if use_tips else []
-            block = chat.plain(tip_block(retrieved))  # tips are model-written: no special tokens in a prompt
+            # tips are model-written: no special tokens in a prompt
+            block = chat.plain(tip_block(retrieved, cfg.tip_format))
             reminder = envs[i].turn_reminder() if step > 0 else ""
             if windowed:
                 delta, twin_delta, context = window_turn(chat, envs[i], cfg.history_window, block, reminder, prefix)

@@ -20,6 +20,13 @@ def test_render_matches_reference_wording():
     assert block.endswith("\n</tip>\n\n") and tip_block([]) == ""
 
 
+def test_tip_only_format_shows_the_sentence_alone():
+    tips = [entry("Open the drawer first.", "open drawer", 40.0), entry("Look in the kitchen.", "go to kitchen", -5.0)]
+    assert tip_block(tips, "tip_only") == ("\n\n<tip> Here are some memories you collected in your previous "
+                                           "exploration:\nOpen the drawer first.\nLook in the kitchen.\n\n</tip>\n\n")
+    assert "open drawer" in tip_block(tips) and "40.0/100" in tip_block(tips)  # the default is the reference's line
+
+
 def test_exact_dedupe():
     memory = TipMemory()
     assert memory.add("k", entry())
