@@ -237,7 +237,6 @@ def feed_prefixes(model, rows: list[list[int]], caches: list[PrefixCache | None]
     return cache, mask
 
 
-@torch.no_grad()
 def one_autocast_region(fn):
     """Run fn(model, ...) inside one autocast region when the model asks for it (`model.generation_autocast_dtype`,
     set by models.load_policy for fp32 master weights with autocast forwards). Each forward's own autocast then
@@ -254,6 +253,7 @@ def one_autocast_region(fn):
 
 
 @one_autocast_region
+@torch.no_grad()
 def prefill(model, contexts: list[list[int]], pad_id: int, batch_size: int = 0) -> list[PrefixCache | None]:
     """Encode each DISTINCT context once (all but its last token, which `generate` must feed to sample) and
     return one cache per context; identical contexts share one cache object (a GRPO group's first message)."""

@@ -165,7 +165,8 @@ def intrinsic_return(ep: Episode, intrinsic: IntrinsicConfig) -> float:
 
 def advantage_return(ep: Episode, intrinsic: IntrinsicConfig) -> float:
     """R_i the group normalises: the extrinsic return, + coef * B_i with intrinsic.combine=return (paper §4.2's
-    reading "reward + bonus"); with combine=advantage the bonus enters after normalisation (advantages.novelty_advantages)."""
+    reading "reward + bonus"); with combine=advantage the bonus enters after normalisation
+    (advantages.novelty_advantages)."""
     return ep.extrinsic_return + (intrinsic_return(ep, intrinsic) if intrinsic.combine == "return" else 0.0)
 
 

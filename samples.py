@@ -72,8 +72,8 @@ def build_samples(episodes: list, advantages: list, *, off_policy_old_logp: str 
                   ) -> list[Sample]:
     """Episodes (rollout.Episode) -> samples: one per episode (packed stream), or one per step (history window, and on-policy
     episodes played with tips in the current turn only: each step had its own context). advantages[i]: episode i's
-    advantage, or one per step (advantages.gigpo_step_advantages; per-step samples only). Every action token gets its loss
-    weight for `aggregation` (losses.loss_weights), so the layout never changes what a step weighs.
+    advantage, or one per step (advantages.gigpo_step_advantages; per-step samples only). Every action token gets its
+    loss weight for `aggregation` (losses.loss_weights), so the layout never changes what a step weighs.
     old_logp_source="rollout": a sample whose old context is the one its actions were sampled in gets the log-probs
     recorded while sampling (`Episode.action_logps`) as `old_logp`; the others (off-policy "without_tips": the
     tip-free context was never sampled in) are left for losses.compute_old_logprobs; "recompute": all are.

@@ -78,8 +78,9 @@ def test_prefill_shares_a_groups_first_message(policy):
     chat = ChatStream(tokenizer)
     long = "Name a city. " + "It should be a big one, with a port, a river and an old castle on a hill. " * 3
     contexts = [chat.first_turn("Name a fruit.")] * 3 + [chat.first_turn(long)]
-    caches = prefill(model, contexts, chat.pad_id)
+    caches = prefill(model, contexts, chat.pad_id)  # called with grad enabled, as the rollout does
     assert caches[0] is caches[1] is caches[2] and caches[3] is not caches[0]
+    assert not any(t.requires_grad for c in (caches[0], caches[3]) for t in c.keys + c.values)  # no autograd graph
     assert caches[0].tokens == contexts[0][:-1] and caches[3].tokens == contexts[3][:-1]
     assert_cache_is_exact(model, caches[0], contexts[0][-1])  # the short one was left-padded in the prefill
     assert_cache_is_exact(model, caches[3], contexts[3][-1])
