@@ -26,6 +26,8 @@ weighs 1) and "token" (each token weighs 1) are ablations.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
@@ -284,17 +286,21 @@ def compute_old_logprobs(model, samples, pad_id: int, device, micro_batch_size: 
 
 
 @torch.no_grad()
-def compute_reference_logprobs(model, samples, pad_id: int, device, micro_batch_size: int) -> int:
+def compute_reference_logprobs(model, samples, pad_id: int, device, micro_batch_size: int, reference=None) -> int:
     """Fill `sample.ref_logp`: log pi_ref of every action token in the context the loss scores it in, once per
-    iteration; pi_ref = the base model, i.e. the LoRA policy with its adapters disabled (no second copy).
-    Returns the positions through the forward."""
-    model.eval()
-    peft_model = getattr(model, "module", model)  # under DDP the wrapper has no disable_adapter
+    iteration. pi_ref = `reference`, the frozen copy of the initial policy of a full fine-tune (models.load_reference;
+    under FSDP the caller holds it inside runtime.full_weights), or with reference=None the base model, i.e. the
+    LoRA policy `model` with its adapters disabled (no second copy). Returns the positions through the forward."""
+    scorer = reference if reference is not None else getattr(model, "module", model)  # DDP's wrapper has no adapters
+    if reference is None and not hasattr(scorer, "disable_adapter"):
+        raise ValueError("a full fine-tune's KL term needs its frozen reference copy (models.load_reference): "
+                         "pass reference=...; only a LoRA policy is its own reference (adapters disabled)")
+    scorer.eval()
     lengths = [len(s.ids) for s in samples]
-    with peft_model.disable_adapter():
+    with contextlib.nullcontext() if reference is not None else scorer.disable_adapter():
         for bucket in length_buckets(lengths, micro_batch_size):
             micro = [samples[j] for j in bucket]
-            logps, _ = sequence_action_logprobs(peft_model, [s.ids for s in micro], [s.mask for s in micro], pad_id,
+            logps, _ = sequence_action_logprobs(scorer, [s.ids for s in micro], [s.mask for s in micro], pad_id,
                                                 device, [s.branches for s in micro])
             for sample, logp in zip(micro, logps):
                 sample.ref_logp = logp.float().cpu().tolist()

@@ -17,6 +17,8 @@
 A model that cannot be found raises `ModelLoadError` with a short message instead of a hub traceback.
 `model.fp32_lm_head` (default; bf16/fp16 only): the LM head computes in fp32 (`use_fp32_lm_head`), so sampling,
 the recorded behaviour log-probs and the loss all read unrounded logits (docs/scaling.md, "Precision").
+`load_reference(cfg.model)`: the frozen compute-dtype copy of the initial policy that a full fine-tune's KL term
+scores against (LoRA needs none: its reference is the policy with the adapters disabled).
 `save_model` / `load_trainable` / `trainable_state` write, restore and snapshot exactly the trained weights
 (the LoRA adapter, or every weight for a full fine-tune) so checkpoints stay small with LoRA.
 """
@@ -238,24 +240,17 @@ def load_policy(cfg, device=None, autocast_forward: bool = True):
     silently reshape the sampling distribution that the RL log-probs must match. Rollouts pass their own
     temperature / top_p / max_new_tokens to `generate`.
     """
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers import GenerationConfig
 
-    path = resolve_model_path(cfg.name_or_path)
-    if _looks_like_path(path) and not Path(path).expanduser().is_dir():
-        raise _load_error(cfg.name_or_path, path, FileNotFoundError("no such folder"))
-    check_attention(cfg.attn_implementation)
     compute_dtype = getattr(torch, cfg.dtype)
     # Full fine-tuning keeps fp32 master weights (and fp32 AdamW state): a bf16 weight cannot take a 1e-6 step
     # (bf16 has 8 bits of mantissa: 0.05 + 1e-6 == 0.05), so the paper's lr would change nothing. The forward
     # passes still run in `model.dtype` (autocast below, or FSDP's mixed-precision policy). LoRA's frozen base
     # stays in model.dtype (half the memory) and peft keeps the adapters in fp32.
     weights_dtype = compute_dtype if cfg.lora else torch.float32
+    path, model = _load_weights(cfg, weights_dtype, device)
     try:
         tokenizer = load_tokenizer(path)
-        # Straight onto the device: no host copy of the weights (full fine-tuning's fp32 7B would be 30 GB per rank)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=weights_dtype,
-                                                     attn_implementation=cfg.attn_implementation,
-                                                     device_map=None if device is None else {"": torch.device(device)})
     except (OSError, ValueError) as err:
         raise _load_error(cfg.name_or_path, path, err) from None
 
@@ -308,6 +303,42 @@ def load_policy(cfg, device=None, autocast_forward: bool = True):
         # inputs, fp32 accumulation. A process-wide setting; CPU matmuls are unaffected.
         torch.backends.cuda.matmul.fp32_precision = "tf32"
     return model, tokenizer
+
+
+def load_reference(cfg, device=None):
+    """The frozen reference policy pi_ref of a full fine-tune's KL term (`loss.kl_coef > 0`, `model.lora: false`):
+    the initial policy, loaded again from `cfg.name_or_path` (so a resumed run gets the same reference, never the
+    trained weights; checkpoints do not store it). With LoRA there is no copy: the reference is the policy with its
+    adapters disabled (losses.compute_reference_logprobs).
+
+    It is never trained, so it is stored in the compute dtype `cfg.dtype` (7B in bf16: 15.2 GB, no fp32 master
+    weights, no gradients, no optimizer state), every parameter has requires_grad False, and it stays in eval mode.
+    With `cfg.fp32_lm_head` its head computes in fp32 as the policy's does (`use_fp32_lm_head`; the head becomes
+    fp32: +1.1 GB for 7B). No autocast: its weights already are in the compute dtype. Under FSDP, train.py shards
+    it with runtime.shard_model (no optimizer) and scores it inside runtime.full_weights(reference)."""
+    compute_dtype = getattr(torch, cfg.dtype)
+    _, model = _load_weights(cfg, compute_dtype, device)
+    if cfg.fp32_lm_head and compute_dtype != torch.float32:
+        use_fp32_lm_head(model, trainable=False)
+    model.requires_grad_(False)
+    return model.eval()
+
+
+def _load_weights(cfg, dtype: torch.dtype, device) -> tuple[str, torch.nn.Module]:
+    """(resolved path, the causal LM of `cfg.name_or_path` with weights in `dtype`), or ModelLoadError."""
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model_path(cfg.name_or_path)
+    if _looks_like_path(path) and not Path(path).expanduser().is_dir():
+        raise _load_error(cfg.name_or_path, path, FileNotFoundError("no such folder"))
+    check_attention(cfg.attn_implementation)
+    try:
+        # Straight onto the device: no host copy of the weights (full fine-tuning's fp32 7B would be 30 GB per rank)
+        return path, AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, attn_implementation=cfg.attn_implementation,
+            device_map=None if device is None else {"": torch.device(device)})
+    except (OSError, ValueError) as err:
+        raise _load_error(cfg.name_or_path, path, err) from None
 
 
 def use_fp32_lm_head(model, trainable: bool = False) -> int:

@@ -25,7 +25,8 @@ per-backward hooks would deadlock; instead each rank accumulates its share of th
 gradients are summed with bucketed `accelerator.reduce` calls per optimiser step. For LoRA this is a few MB.
 FSDP (full fine-tune of 7B on 8 GPUs, configs/accelerate/fsdp_8gpu.yaml): every decoder layer is sharded; rollout,
 tips and old log-probs run inside `full_weights` (whole layers, no collectives, so ranks may generate different
-lengths); the update pads ranks to equal numbers of micro-batches with zero-weight ones.
+lengths); the update pads ranks to equal numbers of micro-batches with zero-weight ones. A full fine-tune's KL
+reference (`loss.kl_coef`, models.load_reference) is sharded the same way and scored inside its own `full_weights`.
 
 Outputs in `output_dir`: metrics.jsonl (one line per iteration), tb/ (TensorBoard), metrics.png, config.yaml,
 ranks.json, checkpoints/iter_XXXXXX/ and `--resume` (metrics.py, checkpoint.py).
@@ -54,7 +55,7 @@ from losses import compute_old_logprobs, compute_reference_logprobs, length_buck
 from memory import TipMemory
 from metrics import (EpisodeStats, MetricsLogger, episode_record, merge_rank_metrics, plot_metrics, sample_for_log,
                      write_episodes)
-from models import ModelLoadError, load_policy
+from models import ModelLoadError, load_policy, load_reference
 from rollout import (ChatStream, advantage_return, check_prompt_budget, draw_mode, intrinsic_return, novelty_bonus,
                      run_episodes, write_tips)
 from runtime import check_launch, derive_seed, full_weights, gather_objects, make_accelerator, shard_model
@@ -264,6 +265,15 @@ def train(cfg: Config) -> dict:
         model, tokenizer = load_policy(cfg.model, device=accelerator.device, autocast_forward=not launch.fsdp)
     if launch.fsdp:  # after loading (every rank holds the same fp32 weights), before the optimizer sees them
         shard_model(model, getattr(torch, cfg.model.dtype), launch)
+    # pi_ref of the KL term. LoRA: the policy with its adapters disabled (no copy). Full fine-tune: a frozen
+    # compute-dtype copy of the initial policy, loaded from name_or_path (on resume too, never the trained weights).
+    # Under FSDP it is sharded like the policy (same mesh and units; the compute-dtype policy casts nothing for
+    # weights already in it, the fp32 head keeps its fp32 unit); the optimizer below never sees it.
+    reference = None
+    if cfg.loss.kl_coef and not cfg.model.lora:
+        reference = load_reference(cfg.model, device=accelerator.device)
+        if launch.fsdp:
+            shard_model(reference, getattr(torch, cfg.model.dtype), launch)
     # Sampling: each rank its own stream (with the init seed, two ranks playing the same task would sample the same
     # episodes). A checkpoint saves every rank's stream, so a resumed run continues it.
     torch.manual_seed(derive_seed(cfg.train.seed, "sampling", rank))
@@ -354,9 +364,12 @@ def train(cfg: Config) -> dict:
             with full_weights(model):  # the same compute-dtype weights the update's forwards gather layer by layer
                 old_pad, old_positions = compute_old_logprobs(model, samples, chat.pad_id, accelerator.device,
                                                               cfg.train.micro_batch_size)
-                if cfg.loss.kl_coef:  # log pi_ref once per iteration, as the old log-probs
+            if cfg.loss.kl_coef:  # log pi_ref once per iteration, as the old log-probs. FSDP: the policy is sharded
+                # again here, so the peak is its shards + the whole reference (7B: 15.2 + 2.0 + 16.3 GB per rank on
+                # 8), never both models' whole weights at once
+                with full_weights(model if reference is None else reference):
                     compute_reference_logprobs(model, samples, chat.pad_id, accelerator.device,
-                                               cfg.train.micro_batch_size)
+                                               cfg.train.micro_batch_size, reference=reference)
             update_rng = random.Random(derive_seed(cfg.train.seed, "minibatches", iteration, rank))  # resume-exact
             update_metrics = update(model, optimizer, samples, cfg, accelerator, mode, chat.pad_id, update_rng,
                                     sharded=launch.fsdp)

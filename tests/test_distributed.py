@@ -2,6 +2,7 @@
 and through FSDP2; `accelerate launch` with the shipped FSDP config trains, checkpoints and resumes; launch options
 this trainer does not support stop with one line (runtime.check_launch)."""
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -137,6 +138,26 @@ def test_fsdp_launch_trains_checkpoints_and_resumes(tmp_path, tiny_folder):
     initial = AutoModelForCausalLM.from_pretrained(tiny_folder)
     assert saved.model.layers[0].self_attn.q_proj.weight.dtype == torch.float32  # the fp32 master weights
     assert not torch.equal(saved.model.layers[0].mlp.up_proj.weight, initial.model.layers[0].mlp.up_proj.weight)
+
+
+@pytest.mark.slow
+def test_fsdp_full_fine_tune_trains_with_a_sharded_kl_reference(tmp_path, tiny_folder):
+    """model.lora=false, loss.kl_coef=0.01 under FSDP2 on 2 CPU processes: the frozen reference copy is sharded like
+    the policy and scored inside its own full_weights (ranks hold different numbers of samples, no lockstep). Two
+    iterations train; kl_ref is finite, and positive once the policy has moved from the initial weights (the random
+    tiny model plays identical episodes, so weight decay moves it)."""
+    config = launch_config(tmp_path)
+    out = tmp_path / "run"
+    args = TRAIN_ARGS + [f"--model.name_or_path={tiny_folder}", f"--output_dir={out}", "--train.iterations=2",
+                         "--train.eval_every=0", "--train.save_every=0", "--loss.kl_coef=0.01", "--train.lr=1e-3",
+                         "--train.weight_decay=10"]
+    proc = run([ACCELERATE, "launch", "--config_file", config, "train.py", *args], 300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [1, 2] and all(r["optimizer_steps"] > 0 for r in rows)
+    assert all(math.isfinite(r["kl_ref"]) for r in rows) and rows[1]["kl_ref"] > 0
+    ranks = json.loads((out / "ranks.json").read_text())
+    assert ranks["world_size"] == 2 and len(set(ranks["weights_sha256"])) == 1
 
 
 @pytest.mark.slow

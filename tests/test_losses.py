@@ -304,3 +304,58 @@ def test_reference_logprobs_are_the_base_models_with_lora_disabled(policy):
     # 1.3e-5 in the full suite, where earlier tests change torch's thread count); the adapters move it 0.43.
     assert max(abs(a - b) for a, b in zip(sample.ref_logp, expected)) <= 5e-5
     assert max(abs(adapted[t, ids[t + 1]].item() - e) for t, e in zip(positions, expected)) > 1e-3  # measured 0.43
+
+
+def scored(model, ids: list[int], positions) -> list[float]:
+    """log pi(ids[t + 1] | ids[:t + 1]) at `positions` by a plain full forward (an independent scoring path)."""
+    with torch.no_grad():
+        log_probs = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+    return [log_probs[t, ids[t + 1]].item() for t in positions]
+
+
+@pytest.mark.slow
+def test_full_fine_tuning_reference_stays_the_initial_model_after_a_step(tiny_folder):
+    """model.lora=false: after an AdamW step that moves the policy, the frozen copy (models.load_reference) still
+    scores exactly what a freshly loaded initial model does, and no longer what the policy does."""
+    from config import ModelConfig
+    from losses import compute_reference_logprobs
+    from models import load_policy, load_reference
+    from samples import Sample
+    cfg = ModelConfig(name_or_path=tiny_folder, lora=False)
+    model, tokenizer = load_policy(cfg)
+    reference = load_reference(cfg)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    ids = tokenizer("Your task is to boil water. > look around. You see a stove and a pot.")["input_ids"]
+    mask = [0] * 6 + [1] * (len(ids) - 6)
+    sample = Sample(ids=ids, mask=mask, old_ids=ids, old_mask=mask, advantages=[1.0] * (len(ids) - 6))
+    model.train()
+    model(input_ids=torch.tensor([ids]), labels=torch.tensor([ids])).loss.backward()
+    optimizer.step()
+    compute_reference_logprobs(model, [sample], tokenizer.pad_token_id, "cpu", 4, reference=reference)
+    fresh, _ = load_policy(cfg)  # an independent copy of the initial weights
+    positions = range(5, len(ids) - 1)  # position t predicts token t + 1: the action tokens 6..
+    expected = scored(fresh, ids, positions)
+    assert len(sample.ref_logp) == len(expected)
+    assert max(abs(a - b) for a, b in zip(sample.ref_logp, expected)) <= 5e-5  # as the LoRA test: summation order
+    moved = max(abs(a - b) for a, b in zip(scored(model, ids, positions), expected))
+    assert moved > 1e-3, moved  # the step changed the policy, so the equality above is not trivial
+    with pytest.raises(ValueError, match="models.load_reference"):  # a full fine-tune is not its own reference
+        compute_reference_logprobs(model, [sample], tokenizer.pad_token_id, "cpu", 4)
+
+
+@pytest.mark.slow
+def test_full_fine_tuning_reference_is_frozen_in_the_compute_dtype(tiny_folder):
+    """The copy is never trained: no parameter requires grad, eval mode, weights in model.dtype (bf16, no fp32
+    master weights) except the LM head, which computes in fp32 as the policy's (model.fp32_lm_head)."""
+    from config import ModelConfig
+    from models import load_policy, load_reference
+    for fp32_head in (True, False):
+        cfg = ModelConfig(name_or_path=tiny_folder, lora=False, dtype="bfloat16", fp32_lm_head=fp32_head)
+        reference = load_reference(cfg)
+        assert not reference.training and not any(p.requires_grad for p in reference.parameters())
+        head = reference.get_output_embeddings().weight
+        assert head.dtype == (torch.float32 if fp32_head else torch.bfloat16)
+        assert {p.dtype for p in reference.parameters() if p is not head} == {torch.bfloat16}
+        assert getattr(reference, "empo2_fp32_lm_head", False) == fp32_head  # FSDP: the head's own fp32 unit
+    policy, _ = load_policy(cfg)
+    assert {p.dtype for p in policy.parameters()} == {torch.float32}  # the policy keeps its fp32 master weights

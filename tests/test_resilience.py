@@ -244,3 +244,49 @@ def test_periodic_validation_leaves_the_training_stream_alone(tmp_path, tiny_fol
                        json.loads((out / "ranks.json").read_text()))
     assert "val_return_mean" in rows(tmp_path / "eval_every_1")[0]
     assert runs[0] == runs[1]
+
+
+def test_a_full_fine_tune_resumes_against_the_initial_reference(tmp_path, tiny_folder, monkeypatch):
+    """model.lora=false with the KL term: the reference copy is frozen, the optimizer never sees it, it still holds
+    the initial weights after training, and a resumed run reloads it from model.name_or_path (checkpoints do not
+    store it), so iteration 2's kl_ref after a resume equals that of an uninterrupted run (a reference built from the
+    checkpoint's trained weights would give another kl_ref)."""
+    import math
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import train as trainer
+
+    seen = {"references": [], "optimizers": []}
+    real_update, real_load = trainer.update, trainer.load_reference
+
+    def load_reference(*args, **kwargs):
+        seen["references"].append(real_load(*args, **kwargs))
+        return seen["references"][-1]
+
+    def update(model, optimizer, *args, **kwargs):
+        seen["optimizers"].append([p for group in optimizer.param_groups for p in group["params"]])  # kept alive
+        return real_update(model, optimizer, *args, **kwargs)
+
+    monkeypatch.setattr(trainer, "load_reference", load_reference)
+    monkeypatch.setattr(trainer, "update", update)
+    # The random tiny model plays identical episodes (zero advantages); weight decay is what moves the policy here.
+    kl = ["--model.lora=false", "--loss.kl_coef=0.01", "--train.lr=1e-3", "--train.weight_decay=10"]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    trainer.train(load_config(SANITY, tiny_args(tiny_folder, whole, "--train.iterations=2", *kl)))
+    trainer.train(load_config(SANITY, tiny_args(tiny_folder, cut, "--train.iterations=1", *kl)))
+    trainer.train(load_config(SANITY, tiny_args(tiny_folder, cut, "--train.iterations=2", "--resume=latest", *kl)))
+    assert len(seen["references"]) == 3 and len(seen["optimizers"]) == 4  # iterations 1, 2 | 1 | 2
+
+    def without_times(out):
+        return [{k: v for k, v in r.items() if not k.startswith("time")} for r in rows(out)]
+
+    assert without_times(cut) == without_times(whole)
+    assert all(math.isfinite(r["kl_ref"]) for r in rows(whole)) and rows(whole)[1]["kl_ref"] > 0
+    initial = AutoModelForCausalLM.from_pretrained(tiny_folder).state_dict()
+    optimized = {id(p) for params in seen["optimizers"] for p in params}  # all alive: no id is reused
+    for reference in seen["references"]:
+        assert not any(p.requires_grad for p in reference.parameters())
+        assert not optimized & {id(p) for p in reference.parameters()}
+        assert all(torch.equal(value, initial[name]) for name, value in reference.state_dict().items())
