@@ -305,22 +305,34 @@ def load_policy(cfg, device=None, autocast_forward: bool = True):
     return model, tokenizer
 
 
-def load_reference(cfg, device=None):
+def load_reference(cfg, device=None, autocast_forward: bool = True):
     """The frozen reference policy pi_ref of a full fine-tune's KL term (`loss.kl_coef > 0`, `model.lora: false`):
     the initial policy, loaded again from `cfg.name_or_path` (so a resumed run gets the same reference, never the
     trained weights; checkpoints do not store it). With LoRA there is no copy: the reference is the policy with its
     adapters disabled (losses.compute_reference_logprobs).
 
-    It is never trained, so it is stored in the compute dtype `cfg.dtype` (7B in bf16: 15.2 GB, no fp32 master
-    weights, no gradients, no optimizer state), every parameter has requires_grad False, and it stays in eval mode.
-    With `cfg.fp32_lm_head` its head computes in fp32 as the policy's does (`use_fp32_lm_head`; the head becomes
-    fp32: +1.1 GB for 7B). No autocast: its weights already are in the compute dtype. Under FSDP, train.py shards
-    it with runtime.shard_model (no optimizer) and scores it inside runtime.full_weights(reference)."""
+    Without FSDP (autocast_forward) it computes exactly as the untrained policy does, so KL(pi || pi_ref) is 0
+    before the first step: the policy's forward runs under autocast over fp32 master weights (its embeddings,
+    norms and residual stream stay fp32), so the copy keeps those in fp32 too and stores only the decoder's linear
+    layers in the compute dtype, which autocast casts them to anyway (the same bits, half their memory; 7B:
+    17.4 GB), the fp32 head if the policy has one. Under FSDP every unit computes in the compute dtype anyway
+    (its mixed-precision policy), so the copy is stored in it (7B: 15.2 GB + 1.1 GB fp32 head, sharded /N: 2.0 GB
+    per rank on 8): equal to the policy with an untied head (Qwen2.5-7B); a tied head's fp32 root unit differs
+    (<= 0.043 per token on the tiny model, docs/scaling.md). train.py shards it (runtime.shard_model, no
+    optimizer) and scores it inside runtime.full_weights(reference). Never trained: requires_grad False, eval."""
     compute_dtype = getattr(torch, cfg.dtype)
-    _, model = _load_weights(cfg, compute_dtype, device)
+    exact = autocast_forward and compute_dtype != torch.float32
+    _, model = _load_weights(cfg, torch.float32 if exact else compute_dtype, device)
+    model.requires_grad_(False)
     if cfg.fp32_lm_head and compute_dtype != torch.float32:
         use_fp32_lm_head(model, trainable=False)
-    model.requires_grad_(False)
+    if exact:
+        head = model.get_output_embeddings()
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear) and module is not head:
+                module.to(compute_dtype)
+        device_type = next(model.parameters()).device.type
+        model.forward = torch.autocast(device_type=device_type, dtype=compute_dtype)(model.forward)
     return model.eval()
 
 

@@ -265,13 +265,13 @@ def train(cfg: Config) -> dict:
         model, tokenizer = load_policy(cfg.model, device=accelerator.device, autocast_forward=not launch.fsdp)
     if launch.fsdp:  # after loading (every rank holds the same fp32 weights), before the optimizer sees them
         shard_model(model, getattr(torch, cfg.model.dtype), launch)
-    # pi_ref of the KL term. LoRA: the policy with its adapters disabled (no copy). Full fine-tune: a frozen
-    # compute-dtype copy of the initial policy, loaded from name_or_path (on resume too, never the trained weights).
-    # Under FSDP it is sharded like the policy (same mesh and units; the compute-dtype policy casts nothing for
-    # weights already in it, the fp32 head keeps its fp32 unit); the optimizer below never sees it.
+    # pi_ref of the KL term. LoRA: the policy with its adapters disabled (no copy). Full fine-tune: a frozen copy
+    # of the initial policy that computes as the policy does, loaded from name_or_path (on resume too, never the
+    # trained weights). Under FSDP it is sharded like the policy (same mesh, units and mixed-precision policy); the
+    # optimizer below never sees it.
     reference = None
     if cfg.loss.kl_coef and not cfg.model.lora:
-        reference = load_reference(cfg.model, device=accelerator.device)
+        reference = load_reference(cfg.model, device=accelerator.device, autocast_forward=not launch.fsdp)
         if launch.fsdp:
             shard_model(reference, getattr(torch, cfg.model.dtype), launch)
     # Sampling: each rank its own stream (with the init seed, two ranks playing the same task would sample the same

@@ -344,18 +344,29 @@ def test_full_fine_tuning_reference_stays_the_initial_model_after_a_step(tiny_fo
 
 
 @pytest.mark.slow
-def test_full_fine_tuning_reference_is_frozen_in_the_compute_dtype(tiny_folder):
-    """The copy is never trained: no parameter requires grad, eval mode, weights in model.dtype (bf16, no fp32
-    master weights) except the LM head, which computes in fp32 as the policy's (model.fp32_lm_head)."""
+def test_full_fine_tuning_reference_is_frozen_and_scores_as_the_untrained_policy(tiny_folder):
+    """The copy is never trained (no parameter requires grad, eval mode) and, in bf16 without FSDP, computes exactly
+    as the untrained policy (fp32 master weights under autocast): the decoder's linear weights stored in bf16 (what
+    autocast casts them to), everything else fp32 as the policy's, so KL(pi || pi_ref) starts at 0."""
     from config import ModelConfig
     from models import load_policy, load_reference
+    ids = list(range(5, 40))
     for fp32_head in (True, False):
         cfg = ModelConfig(name_or_path=tiny_folder, lora=False, dtype="bfloat16", fp32_lm_head=fp32_head)
         reference = load_reference(cfg)
         assert not reference.training and not any(p.requires_grad for p in reference.parameters())
-        head = reference.get_output_embeddings().weight
-        assert head.dtype == (torch.float32 if fp32_head else torch.bfloat16)
-        assert {p.dtype for p in reference.parameters() if p is not head} == {torch.bfloat16}
+        head = reference.get_output_embeddings()
+        decoder_linear = {id(p) for m in reference.modules() if isinstance(m, torch.nn.Linear) and m is not head
+                          for p in m.parameters()}  # weights and biases
+        for param in reference.parameters():
+            assert param.dtype == (torch.bfloat16 if id(param) in decoder_linear else torch.float32)
         assert getattr(reference, "empo2_fp32_lm_head", False) == fp32_head  # FSDP: the head's own fp32 unit
-    policy, _ = load_policy(cfg)
-    assert {p.dtype for p in policy.parameters()} == {torch.float32}  # the policy keeps its fp32 master weights
+        policy, _ = load_policy(cfg)
+        policy.eval()
+        assert {p.dtype for p in policy.parameters()} == {torch.float32}  # the policy keeps its fp32 master weights
+        positions = range(len(ids) - 1)
+        assert scored(reference, ids, positions) == scored(policy, ids, positions)  # bit for bit
+        sharded = load_reference(cfg, autocast_forward=False)  # under FSDP: stored in the compute dtype
+        head = sharded.get_output_embeddings().weight
+        assert head.dtype == (torch.float32 if fp32_head else torch.bfloat16)
+        assert {p.dtype for p in sharded.parameters() if p is not head} == {torch.bfloat16}
