@@ -17,8 +17,8 @@
 A model that cannot be found raises `ModelLoadError` with a short message instead of a hub traceback.
 `model.fp32_lm_head` (default; bf16/fp16 only): the LM head computes in fp32 (`use_fp32_lm_head`), so sampling,
 the recorded behaviour log-probs and the loss all read unrounded logits (docs/scaling.md, "Precision").
-`load_reference(cfg.model)`: the frozen compute-dtype copy of the initial policy that a full fine-tune's KL term
-scores against (LoRA needs none: its reference is the policy with the adapters disabled).
+`load_reference(cfg.model)`: the frozen copy of the initial policy that a full fine-tune's KL term scores against,
+computing as the untrained policy does (LoRA needs none: its reference is the policy with the adapters disabled).
 `save_model` / `load_trainable` / `trainable_state` write, restore and snapshot exactly the trained weights
 (the LoRA adapter, or every weight for a full fine-tune) so checkpoints stay small with LoRA.
 """
