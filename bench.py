@@ -35,10 +35,10 @@ from pathlib import Path
 
 import torch
 
+from advantages import group_advantages
 from config import load_config, split_cli
 from envs import make_env
 from generation import left_pad
-from advantages import group_advantages
 from losses import compute_old_logprobs, length_buckets, padded_tokens, samples_loss
 from memory import TipMemory
 from models import load_policy

@@ -44,13 +44,13 @@ import numpy as np
 import torch
 import yaml
 
+from advantages import gigpo_step_advantages, group_advantages, novelty_advantages
 from branches import supported as branches_supported
 from checkpoint import (CheckpointError, check_resume, find_checkpoint, load_checkpoint, save_checkpoint,
                         write_rank_fingerprints)
 from config import Config, ConfigError, config_help, load_config, split_cli, to_dict
 from envs import make_env_pool
 from eval import evaluate
-from advantages import gigpo_step_advantages, group_advantages, novelty_advantages
 from losses import compute_old_logprobs, compute_reference_logprobs, length_buckets, padded_tokens, samples_loss
 from memory import TipMemory
 from metrics import (EpisodeStats, MetricsLogger, episode_record, merge_rank_metrics, plot_metrics, sample_for_log,

@@ -17,9 +17,9 @@ import random
 import pytest
 import torch
 
+from advantages import group_advantages
 from config import load_config
 from envs.base import Env, Task
-from advantages import group_advantages
 from losses import sequence_action_logprobs
 from memory import TipEntry, TipMemory, tip_block
 from models import load_policy
