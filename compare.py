@@ -196,9 +196,9 @@ def summarise(out: Path, seeds: list[int]) -> dict:
             "val_return": {str(i): [c[i] for c in curves] for i in its},
             "final": [c[its[-1]] for c in curves], "auc": [area({i: c[i] for i in its}) for c in curves],
             "train_return_per_mode": per_mode,
-            "tips_retrieved_per_step": float(np.mean([r["tips_retrieved"] / max(r["train_steps"], 1)
-                                                      for run in rows for r in run if r["mode"] != "no_memory"]
-                                                     or [0.0])),
+            # metrics.jsonl's tips_retrieved is already a mean over the iteration's steps
+            "tips_retrieved_per_step": float(np.mean([r["tips_retrieved"] for run in rows for r in run
+                                                      if r["mode"] != "no_memory"] or [0.0])),
             "wall_seconds": [json.loads((out / "runs" / f"{arm}_s{s}" / "done.json").read_text())["wall_seconds"]
                              for s in arm_seeds],
         }
