@@ -1,7 +1,7 @@
 """EMPO² vs GRPO in miniature, decisively: four arms, equal everything else, on the sanity environment (CPU).
 
     python compare.py tips    [--out results/comparison]   # item 0: do the base model's own tips carry information?
-    python compare.py run     [--out results/comparison] [--seeds 0,1,2,3,4] [--arms a,b] [--section.key=value ...]
+    python compare.py run     [--out results/comparison] [--seeds 0,1,2,3,4] [--arms a,b] [--jobs N] [--section.key=value ...]
     python compare.py summary [--out results/comparison]   # tables, confidence intervals, plot (also after `run`)
 
 The registered setting (docs/sanity.md, "EMPO² vs GRPO": chosen and committed before any run) is `SETTING`, applied
@@ -20,16 +20,23 @@ the same episodes and weights as an uninterrupted run); wall time is summed over
 keeps its final LoRA adapter, memory and config in runs/<arm>_s<seed>/final/ (the checkpoints are then deleted: `eval.py
 --checkpoint=runs/<arm>_s<seed>/final` re-evaluates it). Iteration 0 of every curve is the untrained model
 (runs/base_s<seed>/, the same for every arm). `summary` writes summary.json, summary.md and compare.png.
+
+`--jobs N` runs N runs at once, each process with OMP_NUM_THREADS = cores // N (at least 1). A 135M model's
+decode steps are too small for two threads to help much, so on 2 cores two one-thread runs finish more runs per hour
+than one two-thread run (docs/sanity.md has the measurement). Results do not depend on it beyond float reduction order.
 """
 from __future__ import annotations
 
 import argparse
 import itertools
 import json
+import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -59,13 +66,25 @@ def code_version() -> str:
     return f"{head or 'unknown'}{' (uncommitted changes)' if dirty else ''}"
 
 
+THREADS: int | None = None  # OMP_NUM_THREADS for every run's process (set by `run --jobs`); None = torch's default
+
+
+class RunFailed(RuntimeError):
+    pass
+
+
+def thread_prefix() -> str:
+    return f"OMP_NUM_THREADS={THREADS} " if THREADS else ""
+
+
 def run_command(cmd: list[str], log: Path) -> tuple[int, float]:
     """Run one process, its output appended to `log`; (exit code, wall seconds)."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS)} if THREADS else None
     start = time.perf_counter()
     with open(log, "a") as f:
-        f.write(f"\n# code {code_version()}\n$ {' '.join(cmd[1:])}\n")
+        f.write(f"\n# code {code_version()}\n$ {thread_prefix()}{' '.join(cmd[1:])}\n")
         f.flush()
-        code = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
+        code = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
     return code, time.perf_counter() - start
 
 
@@ -82,19 +101,20 @@ def train_run(out: Path, arm: str, seed: int, extra: list[str]) -> None:
     config, arm_overrides = ARMS[arm]
     cmd = [sys.executable, "train.py", "--config", config, *SETTING, *arm_overrides, f"--train.seed={seed}", *extra,
            f"--output_dir={run}"]
-    (run / "command.txt").write_text(" ".join(cmd[1:]) + "\n")
+    (run / "command.txt").write_text(thread_prefix() + " ".join(cmd[1:]) + "\n")
     resume = any((run / "checkpoints").glob("iter_*"))
     print(f"{'resuming' if resume else 'training'} {arm} seed {seed}", flush=True)
     walls = json.loads((run / "wall_seconds.json").read_text()) if (run / "wall_seconds.json").exists() else []
     code, wall = run_command(cmd + (["--resume=latest"] if resume else []), run / "log.txt")
     (run / "wall_seconds.json").write_text(json.dumps(walls + [round(wall, 1)]))
     if code != 0:
-        sys.exit(f"{arm} seed {seed} failed ({code}); see {run / 'log.txt'}; `compare.py run` resumes it")
+        raise RunFailed(f"{arm} seed {seed} failed ({code}); see {run / 'log.txt'}; `compare.py run` resumes it")
     final = sorted((run / "checkpoints").glob("iter_*"))[-1]
     shutil.rmtree(run / "final", ignore_errors=True)
     shutil.copytree(final, run / "final", ignore=shutil.ignore_patterns("optimizer.pt", "rng_rank*"))  # adapter
     shutil.rmtree(run / "checkpoints")
-    (run / "done.json").write_text(json.dumps({"wall_seconds": sum(walls) + wall, "final": final.name}))
+    (run / "done.json").write_text(json.dumps({"wall_seconds": sum(walls) + wall, "final": final.name,
+                                               "omp_num_threads": THREADS}))
 
 
 def base_run(out: Path, seed: int, extra: list[str]) -> None:
@@ -105,10 +125,10 @@ def base_run(out: Path, seed: int, extra: list[str]) -> None:
     run.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "eval.py", "--config", ARMS["empo2"][0], *SETTING, f"--train.seed={seed}", *extra,
            "--episodes_per_task=4", f"--output={run}"]
-    (run / "command.txt").write_text(" ".join(cmd[1:]) + "\n")
+    (run / "command.txt").write_text(thread_prefix() + " ".join(cmd[1:]) + "\n")
     print(f"untrained model, seed {seed}", flush=True)
     if run_command(cmd, run / "log.txt")[0] != 0:
-        sys.exit(f"the untrained evaluation failed; see {run / 'log.txt'}")
+        raise RunFailed(f"the untrained evaluation of seed {seed} failed; see {run / 'log.txt'}")
 
 
 def tip_usefulness(out: Path, extra: list[str]) -> None:
@@ -179,7 +199,8 @@ def area(points: dict[int, float]) -> float:
 
 
 def summarise(out: Path, seeds: list[int]) -> dict:
-    finished = {arm: [s for s in seeds if (out / "runs" / f"{arm}_s{s}" / "done.json").exists()] for arm in ARMS}
+    finished = {arm: [s for s in seeds if (out / "runs" / f"{arm}_s{s}" / "done.json").exists()
+                      and (out / "runs" / f"base_s{s}" / "eval.json").exists()] for arm in ARMS}  # base: iteration 0
     result = {"setting": SETTING, "arms": {}, "versus_grpo": {}}
     for arm, arm_seeds in finished.items():
         if not arm_seeds:
@@ -299,26 +320,61 @@ def write_summary(out: Path, seeds: list[int]) -> None:
     print((out / "summary.md").read_text())
 
 
+def pending_runs(out: Path, seeds: list[int], arms: list[str]) -> list[tuple[str, int]]:
+    """What `run` still has to do, seed-major (every arm of a seed before the next seed), finished runs left out:
+    ("base", seed), the untrained model's evaluation, then (arm, seed) for each arm."""
+    todo = []
+    for seed in seeds:
+        if not (out / "runs" / f"base_s{seed}" / "eval.json").exists():
+            todo.append(("base", seed))
+        todo += [(arm, seed) for arm in arms if not (out / "runs" / f"{arm}_s{seed}" / "done.json").exists()]
+    return todo
+
+
+def run_grid(out: Path, seeds: list[int], arms: list[str], jobs: int, extra: list[str]) -> list[str]:
+    """Every pending run, `jobs` at a time, in pending_runs' order; the summary is rewritten after each. A failed run
+    does not stop the others; the failures are returned."""
+    lock, failures = threading.Lock(), []
+
+    def one(job: tuple[str, int]) -> None:
+        name, seed = job
+        try:
+            base_run(out, seed, extra) if name == "base" else train_run(out, name, seed, extra)
+        except RunFailed as error:
+            failures.append(str(error))
+            print(error, flush=True)
+        with lock:
+            write_summary(out, seeds)
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(one, pending_runs(out, seeds, arms)))
+    return failures
+
+
 def main(argv: list[str] | None = None) -> None:
+    global THREADS
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["tips", "run", "summary"])
     parser.add_argument("--out", default="results/comparison")
     parser.add_argument("--seeds", default="0,1,2,3,4")
     parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once (`run`), each with cores // jobs threads")
     args, extra = parser.parse_known_args(argv)
     out, seeds, arms = Path(args.out).resolve(), [int(s) for s in args.seeds.split(",")], args.arms.split(",")
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
         sys.exit(f"unknown arm(s) {unknown}; known: {list(ARMS)}")
+    if args.jobs < 1:
+        sys.exit(f"--jobs={args.jobs} must be at least 1")
+    if args.jobs > 1:
+        THREADS = max(1, (os.cpu_count() or 1) // args.jobs)
     out.mkdir(parents=True, exist_ok=True)
     if args.command == "tips":
         tip_usefulness(out, extra)
     elif args.command == "run":
-        for seed in seeds:  # seed-major: every arm of a seed finishes before the next seed starts
-            base_run(out, seed, extra)
-            for arm in arms:
-                train_run(out, arm, seed, extra)
-                write_summary(out, seeds)
+        failures = run_grid(out, seeds, arms, args.jobs, extra)
+        if failures:
+            sys.exit("\n".join(failures))
     write_summary(out, seeds)
 
 

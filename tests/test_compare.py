@@ -37,3 +37,21 @@ def test_arms_differ_only_by_their_overrides():
     assert set(compare.ARMS) == {"grpo", "empo2", "empo2_no_off_policy", "empo2_env_tips"}
     assert compare.ARMS["empo2_no_off_policy"][1] == ["--memory.p_on_policy_tips=0.25", "--memory.p_off_policy=0"]
     assert all(not arg.startswith("--train.seed") for arg in compare.SETTING)
+
+
+def test_pending_runs_are_seed_major_and_skip_finished_runs(tmp_path):
+    runs = tmp_path / "runs"
+    for done in ("base_s0/eval.json", "grpo_s0/done.json", "empo2_s1/done.json"):
+        (runs / done).parent.mkdir(parents=True)
+        (runs / done).write_text("{}")
+    (runs / "empo2_s0" / "checkpoints" / "iter_000005").mkdir(parents=True)  # interrupted: still pending (resumed)
+    assert compare.pending_runs(tmp_path, [0, 1], ["grpo", "empo2"]) == [
+        ("empo2", 0), ("base", 1), ("grpo", 1)]
+    assert compare.pending_runs(tmp_path, [1, 0], ["empo2"]) == [("base", 1), ("empo2", 0)]
+
+
+def test_summary_leaves_out_a_finished_run_whose_untrained_evaluation_is_missing(tmp_path):
+    run = tmp_path / "runs" / "grpo_s3"
+    run.mkdir(parents=True)
+    (run / "done.json").write_text('{"wall_seconds": 1.0}')
+    assert compare.summarise(tmp_path, [3])["arms"] == {}  # no base_s3/eval.json yet: no iteration 0
