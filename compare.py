@@ -21,9 +21,11 @@ keeps its final LoRA adapter, memory and config in runs/<arm>_s<seed>/final/ (th
 --checkpoint=runs/<arm>_s<seed>/final` re-evaluates it). Iteration 0 of every curve is the untrained model
 (runs/base_s<seed>/, the same for every arm). `summary` writes summary.json, summary.md and compare.png.
 
-`--jobs N` runs N runs at once, each process with OMP_NUM_THREADS = cores // N (at least 1). A 135M model's
-decode steps are too small for two threads to help much, so on 2 cores two one-thread runs finish more runs per hour
-than one two-thread run (docs/sanity.md has the measurement). Results do not depend on it beyond float reduction order.
+`--jobs N` runs N runs at once, each process with OMP_NUM_THREADS = cores // N (at least 1): a 135M model's decode
+steps are small matrix products that a second thread speeds up little, so on 2 cores two one-thread runs are expected
+to finish more runs per hour than one two-thread run (not yet measured on an idle machine). The thread count is in
+each run's command.txt; results depend on it only through the order of float reductions. Wall times of runs that
+shared the cores are not comparable with those of runs that did not.
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 ROOT = Path(__file__).resolve().parent
 SETTING = [  # registered in docs/sanity.md before the first run: do not change it for this comparison
@@ -92,6 +95,17 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
+def last_checkpoint(run: Path) -> Path:
+    """The run's checkpoint of its last configured iteration. train.py exits with 0 also when a SIGTERM stopped it
+    early (after checkpointing the iteration it was in), so exit code 0 alone does not mean finished."""
+    iterations = int(yaml.safe_load((run / "config.yaml").read_text())["train"]["iterations"])
+    saved = sorted((run / "checkpoints").glob("iter_*"))
+    if not saved or saved[-1].name != f"iter_{iterations:06d}":
+        raise RunFailed(f"{run.name} stopped at {saved[-1].name if saved else 'no checkpoint'} of {iterations} "
+                        f"iterations; `compare.py run` resumes it")
+    return saved[-1]
+
+
 def train_run(out: Path, arm: str, seed: int, extra: list[str]) -> None:
     """One arm and seed to the end: fresh, resumed, or skipped when done.json says it finished."""
     run = out / "runs" / f"{arm}_s{seed}"
@@ -109,7 +123,7 @@ def train_run(out: Path, arm: str, seed: int, extra: list[str]) -> None:
     (run / "wall_seconds.json").write_text(json.dumps(walls + [round(wall, 1)]))
     if code != 0:
         raise RunFailed(f"{arm} seed {seed} failed ({code}); see {run / 'log.txt'}; `compare.py run` resumes it")
-    final = sorted((run / "checkpoints").glob("iter_*"))[-1]
+    final = last_checkpoint(run)
     shutil.rmtree(run / "final", ignore_errors=True)
     shutil.copytree(final, run / "final", ignore=shutil.ignore_patterns("optimizer.pt", "rng_rank*"))  # adapter
     shutil.rmtree(run / "checkpoints")

@@ -1,7 +1,8 @@
-"""compare.py's statistics, by hand (fast, no model): permutation test, Welch's t, bootstrap CI, curve area."""
+"""compare.py by hand (fast, no model): permutation test, Welch's t, bootstrap CI, curve area, the runner's bookkeeping."""
 import math
 
 import numpy as np
+import pytest
 
 import compare
 
@@ -55,3 +56,13 @@ def test_summary_leaves_out_a_finished_run_whose_untrained_evaluation_is_missing
     run.mkdir(parents=True)
     (run / "done.json").write_text('{"wall_seconds": 1.0}')
     assert compare.summarise(tmp_path, [3])["arms"] == {}  # no base_s3/eval.json yet: no iteration 0
+
+
+def test_a_run_stopped_early_with_exit_code_0_is_not_taken_as_finished(tmp_path):
+    (tmp_path / "config.yaml").write_text("train:\n  iterations: 40\n  seed: 1\n")
+    for it in (5, 10):
+        (tmp_path / "checkpoints" / f"iter_{it:06d}").mkdir(parents=True)
+    with pytest.raises(compare.RunFailed, match="stopped at iter_000010 of 40"):
+        compare.last_checkpoint(tmp_path)
+    (tmp_path / "checkpoints" / "iter_000040").mkdir()
+    assert compare.last_checkpoint(tmp_path).name == "iter_000040"
