@@ -26,6 +26,7 @@
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import os
@@ -129,7 +130,20 @@ def make_accelerator():
     # Under torchrun on a machine without a GPU a plain Accelerator() gives independent single-process runs;
     # cpu=True gives a real gloo process group (docs/performance.md, "several processes on CPU"). Mixed precision
     # is ours to apply (check_launch), so the Accelerator is told "no" whatever the launcher said.
-    return Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="no")
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="no")
+    atexit.register(end_process_group)
+    return accelerator
+
+
+def end_process_group() -> None:
+    """Destroy the process group while the interpreter is still whole. Left to interpreter shutdown, gloo's worker
+    threads can outlive the objects they hold and the process dies with SIGABRT ("terminate called without an
+    active exception") after its work is done, which torchrun reports as a failed run. Runs at exit (registered
+    by make_accelerator); a no-op without a process group or when it is already gone."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 # ----------------------------------------------------------------------------- FSDP2

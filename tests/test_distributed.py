@@ -116,6 +116,31 @@ TRAIN_ARGS = ["--config", "configs/sanity_empo2.yaml", "--model.lora=false", "--
               "--memory.p_no_memory=0", "--memory.p_on_policy_tips=0", "--memory.p_off_policy=1"]
 
 
+PROCESS_GROUP_AT_EXIT = """
+import atexit, sys
+import torch.distributed as dist
+# registered first, so it runs last: after the project's own exit handler
+atexit.register(lambda: print("process group alive at exit:", dist.is_initialized(), flush=True))
+sys.path.insert(0, {root!r})
+from runtime import make_accelerator
+accelerator = make_accelerator()
+accelerator.wait_for_everyone()
+print("world", accelerator.num_processes, flush=True)
+"""
+
+
+def test_every_rank_destroys_its_process_group_before_the_interpreter_exits(tmp_path):
+    """Left to interpreter shutdown, gloo's threads can abort a finished rank (SIGABRT, "terminate called without
+    an active exception"), failing a run whose work was done; make_accelerator registers the clean-up."""
+    script = tmp_path / "at_exit.py"
+    script.write_text(PROCESS_GROUP_AT_EXIT.format(root=str(ROOT)))
+    proc = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+                str(script)], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("world 2") == 2
+    assert proc.stdout.count("process group alive at exit: False") == 2, proc.stdout
+
+
 @pytest.mark.slow
 def test_fsdp_launch_trains_checkpoints_and_resumes(tmp_path, tiny_folder):
     config = launch_config(tmp_path)
