@@ -212,6 +212,40 @@ def area(points: dict[int, float]) -> float:
     return float(np.trapezoid([points[i] for i in its], its) / (its[-1] - its[0]))
 
 
+MODES = ("no_memory", "on_policy_tips", "off_policy")
+
+
+def training_signal(runs: list[Path]) -> dict[str, dict]:
+    """Why a run learns or does not, per memory mode, pooled over `runs`' logged training episodes (every episode in
+    the registered setting: 2 rows x 4 = train.log_episodes' 8): the share of episodes ended by a fatal command
+    (negative task return: -100), the share that reached at least one stage (positive task return), and the share
+    of groups whose episodes all got the same task return, so that only the novelty bonus gives them an advantage
+    (GRPO: no signal at all); plus the mean tip hit rate (steps shown >= 1 tip) of the mode's iterations."""
+    episodes = {mode: [] for mode in MODES}
+    groups = {mode: [] for mode in MODES}
+    hits = {mode: [] for mode in MODES}
+    for run in runs:
+        for file in sorted((run / "episodes").glob("iter_*.jsonl")):
+            by_group: dict[tuple, list[float]] = {}
+            for record in read_jsonl(file):
+                episodes[record["mode"]].append(record["extrinsic_return"])
+                by_group.setdefault((record["mode"], record["group"]), []).append(record["extrinsic_return"])
+            for (mode, _), returns in by_group.items():
+                groups[mode].append(len(set(returns)) == 1)
+        for row in read_jsonl(run / "metrics.jsonl"):
+            hits[row["mode"]].append(row.get("tip_hit_rate", 0.0))
+    out = {}
+    for mode in MODES:
+        returns = episodes[mode]
+        out[mode] = {
+            "episodes": len(returns), "groups": len(groups[mode]),
+            "fatal_share": float(np.mean([r < 0 for r in returns])) if returns else None,
+            "stage_share": float(np.mean([r > 0 for r in returns])) if returns else None,
+            "flat_group_share": float(np.mean(groups[mode])) if groups[mode] else None,
+            "tip_hit_rate": float(np.mean(hits[mode])) if hits[mode] and mode != "no_memory" else None}
+    return out
+
+
 def summarise(out: Path, seeds: list[int]) -> dict:
     finished = {arm: [s for s in seeds if (out / "runs" / f"{arm}_s{s}" / "done.json").exists()
                       and (out / "runs" / f"base_s{s}" / "eval.json").exists()] for arm in ARMS}  # base: iteration 0
@@ -222,7 +256,7 @@ def summarise(out: Path, seeds: list[int]) -> dict:
         curves = [curve(out, arm, s) for s in arm_seeds]
         rows = [read_jsonl(out / "runs" / f"{arm}_s{s}" / "metrics.jsonl") for s in arm_seeds]
         per_mode = {}
-        for mode in ("no_memory", "on_policy_tips", "off_policy"):
+        for mode in MODES:
             returns = [r["return_mean"] for run in rows for r in run if r["mode"] == mode]
             per_mode[mode] = {"iterations": len(returns), "return_mean": float(np.mean(returns)) if returns else None}
         its = sorted(set.intersection(*(set(c) for c in curves)))
@@ -231,6 +265,7 @@ def summarise(out: Path, seeds: list[int]) -> dict:
             "val_return": {str(i): [c[i] for c in curves] for i in its},
             "final": [c[its[-1]] for c in curves], "auc": [area({i: c[i] for i in its}) for c in curves],
             "train_return_per_mode": per_mode,
+            "training_signal": training_signal([out / "runs" / f"{arm}_s{s}" for s in arm_seeds]),
             # metrics.jsonl's tips_retrieved is already a mean over the iteration's steps
             "tips_retrieved_per_step": float(np.mean([r["tips_retrieved"] for run in rows for r in run
                                                       if r["mode"] != "no_memory"] or [0.0])),
@@ -276,6 +311,18 @@ def summary_markdown(summary: dict) -> str:
         for metric, s in metrics.items():
             lines.append(f"| {arm} | {metric} | {s['difference']:+.1f} | [{s['ci95'][0]:+.1f}, {s['ci95'][1]:+.1f}] | "
                          f"{s['permutation_p']:.3f} | {s['welch_t_df'][0]:+.2f} ({s['welch_t_df'][1]:.1f}) |")
+    lines += ["", "Training signal per mode (every logged training episode, pooled over seeds): episodes ended by a "
+              "fatal command (-100), episodes that reached at least one stage, groups whose episodes all got the "
+              "same task return (no task signal: only the novelty bonus separates them), steps shown at least one "
+              "tip:", "", "| arm | mode | episodes | fatal | ≥ 1 stage | groups with one return | tip hit rate |",
+              "|---|---|---|---|---|---|---|"]
+    share = lambda v: "-" if v is None else f"{100 * v:.0f} %"  # noqa: E731
+    for arm, row in summary["arms"].items():
+        for mode, sig in row.get("training_signal", {}).items():
+            if sig["episodes"]:
+                lines.append(f"| {arm} | {mode} | {sig['episodes']} | {share(sig['fatal_share'])} | "
+                             f"{share(sig['stage_share'])} | {share(sig['flat_group_share'])} of {sig['groups']} | "
+                             f"{share(sig['tip_hit_rate'])} |")
     if summary["tip_usefulness"]:
         lines += ["", "Tip usefulness: the frozen base model on the training variations (return, success rate) per "
                   "round; round 0 without memory, then with the tips of the earlier rounds:", "",

@@ -66,3 +66,29 @@ def test_a_run_stopped_early_with_exit_code_0_is_not_taken_as_finished(tmp_path)
         compare.last_checkpoint(tmp_path)
     (tmp_path / "checkpoints" / "iter_000040").mkdir()
     assert compare.last_checkpoint(tmp_path).name == "iter_000040"
+
+
+def test_training_signal_counts_fatal_staged_and_flat_groups_per_mode(tmp_path):
+    import json
+
+    def write(run, name, records):
+        (run / "episodes").mkdir(parents=True, exist_ok=True)
+        (run / "episodes" / name).write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    ep = lambda mode, group, ret: {"mode": mode, "group": group, "extrinsic_return": ret}  # noqa: E731
+    a, b = tmp_path / "a", tmp_path / "b"
+    write(a, "iter_000001_rank0.jsonl", [ep("no_memory", 0, 0.0), ep("no_memory", 0, 0.0),      # flat
+                                         ep("no_memory", 1, -100.0), ep("no_memory", 1, 33.0)])  # not flat
+    write(a, "iter_000002_rank0.jsonl", [ep("off_policy", 0, 66.0), ep("off_policy", 0, 66.0)])  # flat
+    write(a, "val_000005.jsonl", [ep("no_memory", 0, -100.0)])  # validation: not training signal
+    write(b, "iter_000001_rank0.jsonl", [ep("no_memory", 0, -100.0), ep("no_memory", 0, -100.0)])  # flat
+    (a / "metrics.jsonl").write_text('{"mode": "no_memory", "tip_hit_rate": 0.0}\n'
+                                     '{"mode": "off_policy", "tip_hit_rate": 0.5}\n')
+    (b / "metrics.jsonl").write_text('{"mode": "off_policy", "tip_hit_rate": 1.0}\n')
+    signal = compare.training_signal([a, b])
+    # no memory: returns 0, 0, -100, 33, -100, -100; groups flat, not flat, flat
+    assert signal["no_memory"] == {"episodes": 6, "groups": 3, "fatal_share": 3 / 6, "stage_share": 1 / 6,
+                                   "flat_group_share": 2 / 3, "tip_hit_rate": None}
+    assert signal["off_policy"] == {"episodes": 2, "groups": 1, "fatal_share": 0.0, "stage_share": 1.0,
+                                    "flat_group_share": 1.0, "tip_hit_rate": 0.75}
+    assert signal["on_policy_tips"]["episodes"] == 0 and signal["on_policy_tips"]["fatal_share"] is None
