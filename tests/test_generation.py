@@ -179,9 +179,10 @@ def test_rollout_with_kv_reuse_matches_reencoding_on_webshop_history_window(poli
 
 
 @pytest.mark.slow
-def test_bf16_option_trains_with_kv_reuse_and_fp32_log_probs(tmp_path):
+def test_bf16_option_trains_with_kv_reuse_and_fp32_log_probs(tmp_path, tiny_folder):
     """model.dtype=bfloat16 (GPU default; on CPUs with AMX it is faster, docs/performance.md): rollout with KV
-    reuse, tips and an off-policy update run, and the loss math stays in fp32."""
+    reuse, tips and an off-policy update run, and the loss math stays in fp32. A tiny random Qwen2 folder (a hub
+    model's code path): bf16 matrix products are emulated on CPUs without AMX, 135M of them took minutes."""
     import json
     from pathlib import Path
 
@@ -192,7 +193,7 @@ def test_bf16_option_trains_with_kv_reuse_and_fp32_log_probs(tmp_path):
 
     config = Path(__file__).resolve().parents[1] / "configs" / "sanity_empo2.yaml"
     cfg = load_config(str(config), [
-        "--model.dtype=bfloat16", "--env.sanity.families=[pick]", "--env.sanity.pick_choices=2",
+        "--model.dtype=bfloat16", f"--model.name_or_path={tiny_folder}", "--env.sanity.families=[pick]", "--env.sanity.pick_choices=2",
         "--env.sanity.train_variations=7", "--env.sanity.test_variations=4", "--rollout.tasks_per_iteration=1",
         "--rollout.group_size=4", "--rollout.max_action_tokens=6", "--rollout.tip_max_tokens=12",
         "--memory.p_no_memory=0", "--memory.p_on_policy_tips=0", "--memory.p_off_policy=1",
