@@ -19,7 +19,10 @@ finished runs (done.json) and resumes interrupted ones from their newest checkpo
 the same episodes and weights as an uninterrupted run); wall time is summed over a run's sittings. A finished run
 keeps its final LoRA adapter, memory and config in runs/<arm>_s<seed>/final/ (the checkpoints are then deleted: `eval.py
 --checkpoint=runs/<arm>_s<seed>/final` re-evaluates it). Iteration 0 of every curve is the untrained model
-(runs/base_s<seed>/, the same for every arm). `summary` writes summary.json, summary.md and compare.png.
+(runs/base_s<seed>/, the same for every arm). `summary` writes summary.json, summary.md and compare.png: per arm
+the final and area-under-curve validation return, the differences to GRPO with their tests, the tip-usefulness
+table, and the training signal per memory mode (`training_signal`: fatal episodes, episodes that reached a stage,
+groups with no task signal, tip hit rate), the measurements behind a verdict either way.
 
 `--jobs N` runs N runs at once, each process with OMP_NUM_THREADS = cores // N (at least 1): a 135M model's decode
 steps are small matrix products that a second thread speeds up little, so on 2 cores two one-thread runs are expected
