@@ -117,15 +117,19 @@ TRAIN_ARGS = ["--config", "configs/sanity_empo2.yaml", "--model.lora=false", "--
 
 
 PROCESS_GROUP_AT_EXIT = """
-import atexit, sys
+import atexit, os, sys
 import torch.distributed as dist
-# registered first, so it runs last: after the project's own exit handler
-atexit.register(lambda: print("process group alive at exit:", dist.is_initialized(), flush=True))
+# Each rank reports into its own file: the ranks share torchrun's stdout, where their lines can interleave.
+report = open(os.path.join({out!r}, "rank" + os.environ["RANK"] + ".txt"), "w")
+def report_at_exit():
+    report.write("process group alive at exit: %s\\n" % dist.is_initialized())
+    report.close()
+atexit.register(report_at_exit)  # registered first, so it runs last: after the project's own exit handler
 sys.path.insert(0, {root!r})
 from runtime import make_accelerator
 accelerator = make_accelerator()
 accelerator.wait_for_everyone()
-print("world", accelerator.num_processes, flush=True)
+report.write("world %d\\n" % accelerator.num_processes)
 """
 
 
@@ -133,12 +137,13 @@ def test_every_rank_destroys_its_process_group_before_the_interpreter_exits(tmp_
     """Left to interpreter shutdown, gloo's threads can abort a finished rank (SIGABRT, "terminate called without
     an active exception"), failing a run whose work was done; make_accelerator registers the clean-up."""
     script = tmp_path / "at_exit.py"
-    script.write_text(PROCESS_GROUP_AT_EXIT.format(root=str(ROOT)))
+    script.write_text(PROCESS_GROUP_AT_EXIT.format(root=str(ROOT), out=str(tmp_path)))
     proc = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
                 str(script)], timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.count("world 2") == 2
-    assert proc.stdout.count("process group alive at exit: False") == 2, proc.stdout
+    for rank in (0, 1):
+        report = (tmp_path / f"rank{rank}.txt").read_text()
+        assert report == "world 2\nprocess group alive at exit: False\n", (rank, report)
 
 
 @pytest.mark.slow
