@@ -109,10 +109,16 @@ def last_checkpoint(run: Path) -> Path:
     return saved[-1]
 
 
+def finished(out: Path, name: str, seed: int) -> bool:
+    """Whether run `name` ("base" or an arm) of `seed` is complete: a training run writes done.json after its last
+    iteration, the untrained model's evaluation writes eval.json."""
+    return (out / "runs" / f"{name}_s{seed}" / ("eval.json" if name == "base" else "done.json")).exists()
+
+
 def train_run(out: Path, arm: str, seed: int, extra: list[str]) -> None:
-    """One arm and seed to the end: fresh, resumed, or skipped when done.json says it finished."""
+    """One arm and seed to the end: fresh, resumed, or skipped when it has finished."""
     run = out / "runs" / f"{arm}_s{seed}"
-    if (run / "done.json").exists():
+    if finished(out, arm, seed):
         return
     run.mkdir(parents=True, exist_ok=True)
     config, arm_overrides = ARMS[arm]
@@ -137,7 +143,7 @@ def train_run(out: Path, arm: str, seed: int, extra: list[str]) -> None:
 def base_run(out: Path, seed: int, extra: list[str]) -> None:
     """Iteration 0 of every curve: the untrained model on the validation protocol (the same for every arm)."""
     run = out / "runs" / f"base_s{seed}"
-    if (run / "eval.json").exists():
+    if finished(out, "base", seed):
         return
     run.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "eval.py", "--config", ARMS["empo2"][0], *SETTING, f"--train.seed={seed}", *extra,
@@ -250,10 +256,10 @@ def training_signal(runs: list[Path]) -> dict[str, dict]:
 
 
 def summarise(out: Path, seeds: list[int]) -> dict:
-    finished = {arm: [s for s in seeds if (out / "runs" / f"{arm}_s{s}" / "done.json").exists()
-                      and (out / "runs" / f"base_s{s}" / "eval.json").exists()] for arm in ARMS}  # base: iteration 0
+    complete = {arm: [s for s in seeds if finished(out, arm, s) and finished(out, "base", s)]  # base: iteration 0
+                for arm in ARMS}
     result = {"setting": SETTING, "arms": {}, "versus_grpo": {}}
-    for arm, arm_seeds in finished.items():
+    for arm, arm_seeds in complete.items():
         if not arm_seeds:
             continue
         curves = [curve(out, arm, s) for s in arm_seeds]
@@ -387,12 +393,7 @@ def write_summary(out: Path, seeds: list[int]) -> None:
 def pending_runs(out: Path, seeds: list[int], arms: list[str]) -> list[tuple[str, int]]:
     """What `run` still has to do, seed-major (every arm of a seed before the next seed), finished runs left out:
     ("base", seed), the untrained model's evaluation, then (arm, seed) for each arm."""
-    todo = []
-    for seed in seeds:
-        if not (out / "runs" / f"base_s{seed}" / "eval.json").exists():
-            todo.append(("base", seed))
-        todo += [(arm, seed) for arm in arms if not (out / "runs" / f"{arm}_s{seed}" / "done.json").exists()]
-    return todo
+    return [(name, seed) for seed in seeds for name in ["base", *arms] if not finished(out, name, seed)]
 
 
 def run_grid(out: Path, seeds: list[int], arms: list[str], jobs: int, extra: list[str]) -> list[str]:
