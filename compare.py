@@ -24,7 +24,8 @@ the final and area-under-curve validation return, the differences to GRPO with t
 table, and the training signal per memory mode (`training_signal`: fatal episodes, episodes that reached a stage,
 groups with no task signal, tip hit rate), the measurements behind a verdict either way.
 
-`--jobs N` runs N runs at once, each process with OMP_NUM_THREADS = cores // N (at least 1): a 135M model's decode
+`--jobs N` runs N runs at once, each process with OMP_NUM_THREADS and --train.torch_threads = cores // N (at least 1;
+the sanity configs' own torch_threads would override OMP_NUM_THREADS and oversubscribe the cores): a 135M model's decode
 steps are small matrix products that a second thread speeds up little, so on 2 cores two one-thread runs are expected
 to finish more runs per hour than one two-thread run (not yet measured on an idle machine). The thread count is in
 each run's command.txt; results depend on it only through the order of float reductions. Wall times of runs that
@@ -83,6 +84,17 @@ def thread_prefix() -> str:
     return f"OMP_NUM_THREADS={THREADS} " if THREADS else ""
 
 
+def train_command(arm: str, seed: int, run: Path, extra: list[str]) -> list[str]:
+    """The exact train.py command of one run. Under `--jobs` the run's torch thread count is set too: the sanity
+    configs set train.torch_threads (which overrides OMP_NUM_THREADS), and two runs of two OpenMP threads each on two
+    cores spin in OpenMP's barriers (measured: a no-memory iteration took 210 s instead of 57 s, with a third process
+    on the cores). `extra` comes after it, so a --train.torch_threads of the caller's still wins."""
+    config, arm_overrides = ARMS[arm]
+    threads = [f"--train.torch_threads={THREADS}"] if THREADS else []
+    return [sys.executable, "train.py", "--config", config, *SETTING, *arm_overrides, f"--train.seed={seed}",
+            *threads, *extra, f"--output_dir={run}"]
+
+
 def run_command(cmd: list[str], log: Path) -> tuple[int, float]:
     """Run one process, its output appended to `log`; (exit code, wall seconds)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(THREADS)} if THREADS else None
@@ -121,9 +133,7 @@ def train_run(out: Path, arm: str, seed: int, extra: list[str]) -> None:
     if finished(out, arm, seed):
         return
     run.mkdir(parents=True, exist_ok=True)
-    config, arm_overrides = ARMS[arm]
-    cmd = [sys.executable, "train.py", "--config", config, *SETTING, *arm_overrides, f"--train.seed={seed}", *extra,
-           f"--output_dir={run}"]
+    cmd = train_command(arm, seed, run, extra)
     (run / "command.txt").write_text(thread_prefix() + " ".join(cmd[1:]) + "\n")
     resume = any((run / "checkpoints").glob("iter_*"))
     print(f"{'resuming' if resume else 'training'} {arm} seed {seed}", flush=True)

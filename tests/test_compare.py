@@ -40,6 +40,17 @@ def test_arms_differ_only_by_their_overrides():
     assert all(not arg.startswith("--train.seed") for arg in compare.SETTING)
 
 
+def test_parallel_runs_get_one_torch_thread_each_unless_the_caller_says_otherwise(monkeypatch, tmp_path):
+    # the sanity configs set train.torch_threads: 2, which overrides OMP_NUM_THREADS inside train.py
+    monkeypatch.setattr(compare, "THREADS", 1)
+    cmd = compare.train_command("grpo", 3, tmp_path, [])
+    assert cmd.count("--train.torch_threads=1") == 1 and cmd[-1] == f"--output_dir={tmp_path}"
+    cmd = compare.train_command("grpo", 3, tmp_path, ["--train.torch_threads=2"])
+    assert cmd.index("--train.torch_threads=2") > cmd.index("--train.torch_threads=1")  # the last override wins
+    monkeypatch.setattr(compare, "THREADS", None)  # one run at a time: the config's thread count
+    assert not any("torch_threads" in arg for arg in compare.train_command("grpo", 3, tmp_path, []))
+
+
 def test_pending_runs_are_seed_major_and_skip_finished_runs(tmp_path):
     runs = tmp_path / "runs"
     for done in ("base_s0/eval.json", "grpo_s0/done.json", "empo2_s1/done.json"):
