@@ -239,15 +239,22 @@ def training_signal(runs: list[Path]) -> dict[str, dict]:
     the registered setting: 2 rows x 4 = train.log_episodes' 8): the share of episodes ended by a fatal command
     (negative task return: -100), the share that reached at least one stage (positive task return), and the share
     of groups whose episodes all got the same task return, so that only the novelty bonus gives them an advantage
-    (GRPO: no signal at all); plus the mean tip hit rate (steps shown >= 1 tip) of the mode's iterations."""
+    (GRPO: no signal at all); plus the mean tip hit rate (steps shown >= 1 tip) of the mode's iterations. The fatal
+    share is also given for the first and the last quarter of each run's iterations: what training changed."""
     episodes = {mode: [] for mode in MODES}
     groups = {mode: [] for mode in MODES}
     hits = {mode: [] for mode in MODES}
+    fatal_by_quarter = {mode: {"first": [], "last": []} for mode in MODES}
     for run in runs:
+        iterations = int(yaml.safe_load((run / "config.yaml").read_text())["train"]["iterations"])
         for file in sorted((run / "episodes").glob("iter_*.jsonl")):
+            iteration = int(file.name.split("_")[1])
+            quarter = "first" if iteration <= iterations / 4 else "last" if iteration > iterations * 3 / 4 else None
             by_group: dict[tuple, list[float]] = {}
             for record in read_jsonl(file):
                 episodes[record["mode"]].append(record["extrinsic_return"])
+                if quarter:
+                    fatal_by_quarter[record["mode"]][quarter].append(record["extrinsic_return"] < 0)
                 by_group.setdefault((record["mode"], record["group"]), []).append(record["extrinsic_return"])
             for (mode, _), returns in by_group.items():
                 groups[mode].append(len(set(returns)) == 1)
@@ -261,6 +268,8 @@ def training_signal(runs: list[Path]) -> dict[str, dict]:
             "fatal_share": float(np.mean([r < 0 for r in returns])) if returns else None,
             "stage_share": float(np.mean([r > 0 for r in returns])) if returns else None,
             "flat_group_share": float(np.mean(groups[mode])) if groups[mode] else None,
+            **{f"fatal_share_{q}_quarter": float(np.mean(fatal)) if fatal else None
+               for q, fatal in fatal_by_quarter[mode].items()},
             "tip_hit_rate": float(np.mean(hits[mode])) if hits[mode] and mode != "no_memory" else None}
     return out
 
@@ -333,13 +342,14 @@ def summary_markdown(summary: dict) -> str:
     lines += ["", "Training signal per mode (every logged training episode, pooled over seeds): episodes ended by a "
               "fatal command (-100), episodes that reached at least one stage, groups whose episodes all got the "
               "same task return (no task signal: only the novelty bonus separates them), steps shown at least one "
-              "tip:", "", "| arm | mode | episodes | fatal | ≥ 1 stage | groups with one return | tip hit rate |",
-              "|---|---|---|---|---|---|---|"]
+              "tip:", "", "| arm | mode | episodes | fatal | fatal: first / last quarter of training | ≥ 1 stage | "
+              "groups with one return | tip hit rate |", "|---|---|---|---|---|---|---|---|"]
     share = lambda v: "-" if v is None else f"{100 * v:.0f} %"  # noqa: E731
     for arm, row in summary["arms"].items():
         for mode, sig in row.get("training_signal", {}).items():
             if sig["episodes"]:
                 lines.append(f"| {arm} | {mode} | {sig['episodes']} | {share(sig['fatal_share'])} | "
+                             f"{share(sig['fatal_share_first_quarter'])} / {share(sig['fatal_share_last_quarter'])} | "
                              f"{share(sig['stage_share'])} | {share(sig['flat_group_share'])} of {sig['groups']} | "
                              f"{share(sig['tip_hit_rate'])} |")
     if summary["tip_usefulness"]:

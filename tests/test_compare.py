@@ -93,13 +93,20 @@ def test_training_signal_counts_fatal_staged_and_flat_groups_per_mode(tmp_path):
     write(a, "iter_000002_rank0.jsonl", [ep("off_policy", 0, 66.0), ep("off_policy", 0, 66.0)])  # flat
     write(a, "val_000005.jsonl", [ep("no_memory", 0, -100.0)])  # validation: not training signal
     write(b, "iter_000001_rank0.jsonl", [ep("no_memory", 0, -100.0), ep("no_memory", 0, -100.0)])  # flat
+    write(b, "iter_000004_rank0.jsonl", [ep("no_memory", 0, 0.0), ep("no_memory", 0, 0.0)])  # flat
+    (a / "config.yaml").write_text("train:\n  iterations: 8\n")  # quarters: iterations 1-2 and 7-8
+    (b / "config.yaml").write_text("train:\n  iterations: 4\n")  # quarters: iterations 1 and 4
     (a / "metrics.jsonl").write_text('{"mode": "no_memory", "tip_hit_rate": 0.0}\n'
                                      '{"mode": "off_policy", "tip_hit_rate": 0.5}\n')
     (b / "metrics.jsonl").write_text('{"mode": "off_policy", "tip_hit_rate": 1.0}\n')
     signal = compare.training_signal([a, b])
-    # no memory: returns 0, 0, -100, 33, -100, -100; groups flat, not flat, flat
-    assert signal["no_memory"] == {"episodes": 6, "groups": 3, "fatal_share": 3 / 6, "stage_share": 1 / 6,
-                                   "flat_group_share": 2 / 3, "tip_hit_rate": None}
+    # no memory: returns 0, 0, -100, 33 (a, iteration 1), -100, -100 (b, 1), 0, 0 (b, 4); groups flat, not flat,
+    # flat, flat; first quarters: a's iteration 1 and b's 1 (3 of 6 fatal), last quarter: b's iteration 4 (0 of 2)
+    assert signal["no_memory"] == {"episodes": 8, "groups": 4, "fatal_share": 3 / 8, "stage_share": 1 / 8,
+                                   "flat_group_share": 3 / 4, "fatal_share_first_quarter": 3 / 6,
+                                   "fatal_share_last_quarter": 0.0, "tip_hit_rate": None}
+    # a's iteration 2 of 8 is in its first quarter
     assert signal["off_policy"] == {"episodes": 2, "groups": 1, "fatal_share": 0.0, "stage_share": 1.0,
-                                    "flat_group_share": 1.0, "tip_hit_rate": 0.75}
+                                    "flat_group_share": 1.0, "fatal_share_first_quarter": 0.0,
+                                    "fatal_share_last_quarter": None, "tip_hit_rate": 0.75}
     assert signal["on_policy_tips"]["episodes"] == 0 and signal["on_policy_tips"]["fatal_share"] is None
