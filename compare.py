@@ -274,6 +274,11 @@ def training_signal(runs: list[Path]) -> dict[str, dict]:
     return out
 
 
+def on_seeds(row: dict, metric: str, seeds: list[int]) -> list[float]:
+    """An arm's per-seed `metric` values (row[metric] follows row["seeds"]) for the given seeds, in their order."""
+    return [row[metric][row["seeds"].index(s)] for s in seeds]
+
+
 def summarise(out: Path, seeds: list[int]) -> dict:
     complete = {arm: [s for s in seeds if finished(out, arm, s) and finished(out, "base", s)]  # base: iteration 0
                 for arm in ARMS}
@@ -302,14 +307,17 @@ def summarise(out: Path, seeds: list[int]) -> dict:
         }
     grpo = result["arms"].get("grpo")
     for arm, row in result["arms"].items():
-        if arm == "grpo" or grpo is None or len(row["seeds"]) < 2 or len(grpo["seeds"]) < 2:
+        if arm == "grpo" or grpo is None:
             continue
-        result["versus_grpo"][arm] = {
-            metric: {"difference": float(np.mean(row[metric]) - np.mean(grpo[metric])),
-                     "ci95": bootstrap_ci(row[metric], grpo[metric]),
-                     "permutation_p": permutation_p(row[metric], grpo[metric]),
-                     "welch_t_df": welch_t(row[metric], grpo[metric])}
-            for metric in ("final", "auc")}
+        seeds = [s for s in row["seeds"] if s in grpo["seeds"]]  # the same seeds on both sides while the grid runs
+        if len(seeds) < 2:
+            continue
+        result["versus_grpo"][arm] = {"seeds": seeds}
+        for metric in ("final", "auc"):
+            ours, theirs = on_seeds(row, metric, seeds), on_seeds(grpo, metric, seeds)
+            result["versus_grpo"][arm][metric] = {
+                "difference": float(np.mean(ours) - np.mean(theirs)), "ci95": bootstrap_ci(ours, theirs),
+                "permutation_p": permutation_p(ours, theirs), "welch_t_df": welch_t(ours, theirs)}
     tips = {}
     for source in ("policy", "environment"):
         path = out / "tips" / source / "eval.json"
@@ -333,11 +341,14 @@ def summary_markdown(summary: dict) -> str:
                            for m in row["train_return_per_mode"].values())
         lines.append(f"| {arm} | {len(row['seeds'])} | {fm:.1f} ± {fs:.1f} | {am:.1f} ± {as_:.1f} | {modes} | "
                      f"{row['tips_retrieved_per_step']:.2f} | {np.mean(row['wall_seconds']) / 60:.1f} min |")
-    lines += ["", "Arm − GRPO (95 % bootstrap CI over seeds, 10,000 resamples; exact permutation test; Welch's t):", "",
+    lines += ["", "Arm − GRPO on the seeds both have finished (95 % bootstrap CI over seeds, 10,000 resamples; exact "
+              "permutation test; Welch's t):", "",
               "| arm | metric | difference | 95 % CI | permutation p | Welch t (df) |", "|---|---|---|---|---|---|"]
     for arm, metrics in summary["versus_grpo"].items():
         for metric, s in metrics.items():
-            lines.append(f"| {arm} | {metric} | {s['difference']:+.1f} | [{s['ci95'][0]:+.1f}, {s['ci95'][1]:+.1f}] | "
+            if metric == "seeds":
+                continue
+            lines.append(f"| {arm} ({len(metrics['seeds'])} seeds) | {metric} | {s['difference']:+.1f} | [{s['ci95'][0]:+.1f}, {s['ci95'][1]:+.1f}] | "
                          f"{s['permutation_p']:.3f} | {s['welch_t_df'][0]:+.2f} ({s['welch_t_df'][1]:.1f}) |")
     lines += ["", "Training signal per mode (every logged training episode, pooled over seeds): episodes ended by a "
               "fatal command (-100), episodes that reached at least one stage, groups whose episodes all got the "

@@ -110,3 +110,28 @@ def test_training_signal_counts_fatal_staged_and_flat_groups_per_mode(tmp_path):
                                     "flat_group_share": 1.0, "fatal_share_first_quarter": 0.0,
                                     "fatal_share_last_quarter": None, "tip_hit_rate": 0.75}
     assert signal["on_policy_tips"]["episodes"] == 0 and signal["on_policy_tips"]["fatal_share"] is None
+
+
+def test_arms_are_compared_with_grpo_on_the_seeds_both_have_finished(tmp_path):
+    import json
+
+    def run(arm, seed, final):  # one iteration, validated at its end; iteration 0 = base_s<seed>
+        folder = tmp_path / "runs" / f"{arm}_s{seed}"
+        (folder / "episodes").mkdir(parents=True)
+        (folder / "config.yaml").write_text("train:\n  iterations: 1\n")
+        (folder / "done.json").write_text('{"wall_seconds": 1.0}')
+        (folder / "metrics.jsonl").write_text(json.dumps({"iteration": 1, "mode": "no_memory", "return_mean": 0.0,
+                                                          "val_return_mean": final, "tips_retrieved": 0.0}) + "\n")
+
+    for seed in (0, 1, 2):
+        (tmp_path / "runs" / f"base_s{seed}").mkdir(parents=True)
+        (tmp_path / "runs" / f"base_s{seed}" / "eval.json").write_text('{"return_mean": 0.0}')
+    for seed, final in ((0, -10.0), (1, -20.0), (2, 90.0)):  # grpo's seed 2 has no empo2 partner yet
+        run("grpo", seed, final)
+    run("empo2", 0, -4.0)
+    run("empo2", 1, -12.0)
+    versus = compare.summarise(tmp_path, [0, 1, 2])["versus_grpo"]["empo2"]
+    assert versus["seeds"] == [0, 1]
+    assert versus["final"]["difference"] == 7.0  # mean(-4, -12) - mean(-10, -20), not - mean(-10, -20, 90)
+    assert versus["auc"]["difference"] == 3.5  # area of 0 -> final over one iteration: final / 2
+    assert compare.on_seeds({"seeds": [3, 1], "final": [30.0, 10.0]}, "final", [1, 3]) == [10.0, 30.0]
