@@ -110,10 +110,15 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
+def configured_iterations(run: Path) -> int:
+    """train.iterations of the run, from the config.yaml train.py wrote into its folder."""
+    return int(yaml.safe_load((run / "config.yaml").read_text())["train"]["iterations"])
+
+
 def last_checkpoint(run: Path) -> Path:
     """The run's checkpoint of its last configured iteration. train.py exits with 0 also when a SIGTERM stopped it
     early (after checkpointing the iteration it was in), so exit code 0 alone does not mean finished."""
-    iterations = int(yaml.safe_load((run / "config.yaml").read_text())["train"]["iterations"])
+    iterations = configured_iterations(run)
     saved = sorted((run / "checkpoints").glob("iter_*"))
     if not saved or saved[-1].name != f"iter_{iterations:06d}":
         raise RunFailed(f"{run.name} stopped at {saved[-1].name if saved else 'no checkpoint'} of {iterations} "
@@ -246,7 +251,7 @@ def training_signal(runs: list[Path]) -> dict[str, dict]:
     hits = {mode: [] for mode in MODES}
     fatal_by_quarter = {mode: {"first": [], "last": []} for mode in MODES}
     for run in runs:
-        iterations = int(yaml.safe_load((run / "config.yaml").read_text())["train"]["iterations"])
+        iterations = configured_iterations(run)
         for file in sorted((run / "episodes").glob("iter_*.jsonl")):
             iteration = int(file.name.split("_")[1])
             quarter = "first" if iteration <= iterations / 4 else "last" if iteration > iterations * 3 / 4 else None
