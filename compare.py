@@ -279,6 +279,26 @@ def training_signal(runs: list[Path]) -> dict[str, dict]:
     return out
 
 
+UPDATE_METRICS = ("clip_frac", "masked_frac", "approx_kl", "grad_norm", "entropy")
+
+
+def update_statistics(runs: list[Path]) -> dict[str, dict]:
+    """What the objective did with each mode's iterations, pooled over `runs` (metrics.jsonl): the mean over
+    iterations of the share of action tokens whose importance ratio was clipped, the share dropped by Eq. 2's
+    low-probability mask, approx KL(old || current), the gradient norm and the policy entropy. With one optimizer
+    step per iteration the on-policy ratio is exactly 1 (nothing clipped or masked); off-policy, the ratio is
+    pi(a | context without tips) / pi_old(a | context with tips), so these say how much of a distillation update
+    survives the clip and the mask."""
+    rows = {mode: [] for mode in MODES}
+    for run in runs:
+        for row in read_jsonl(run / "metrics.jsonl"):
+            rows[row["mode"]].append(row)
+    mean = lambda values: float(np.mean(values)) if values else None  # noqa: E731
+    return {mode: {"iterations": len(mode_rows),
+                   **{k: mean([r[k] for r in mode_rows if k in r]) for k in UPDATE_METRICS}}
+            for mode, mode_rows in rows.items()}
+
+
 def on_seeds(row: dict, metric: str, seeds: list[int]) -> list[float]:
     """An arm's per-seed `metric` values (row[metric] follows row["seeds"]) for the given seeds, in their order."""
     return [row[metric][row["seeds"].index(s)] for s in seeds]
@@ -304,6 +324,7 @@ def summarise(out: Path, seeds: list[int]) -> dict:
             "final": [c[its[-1]] for c in curves], "auc": [area({i: c[i] for i in its}) for c in curves],
             "train_return_per_mode": per_mode,
             "training_signal": training_signal([out / "runs" / f"{arm}_s{s}" for s in arm_seeds]),
+            "update_statistics": update_statistics([out / "runs" / f"{arm}_s{s}" for s in arm_seeds]),
             # metrics.jsonl's tips_retrieved is already a mean over the iteration's steps
             "tips_retrieved_per_step": float(np.mean([r["tips_retrieved"] for run in rows for r in run
                                                       if r["mode"] != "no_memory"] or [0.0])),
@@ -368,6 +389,17 @@ def summary_markdown(summary: dict) -> str:
                              f"{share(sig['fatal_share_first_quarter'])} / {share(sig['fatal_share_last_quarter'])} | "
                              f"{share(sig['stage_share'])} | {share(sig['flat_group_share'])} of {sig['groups']} | "
                              f"{share(sig['tip_hit_rate'])} |")
+    lines += ["", "The update per mode (mean over the mode's iterations, pooled over seeds): action tokens whose "
+              "importance ratio was clipped, tokens dropped by the low-probability mask (Eq. 2), approx KL(old || "
+              "new), gradient norm, entropy. Off-policy, the ratio compares the tip-free policy with the tip-guided "
+              "one that acted:", "", "| arm | mode | iterations | clipped | masked | approx KL | grad norm | "
+              "entropy |", "|---|---|---|---|---|---|---|---|"]
+    for arm, row in summary["arms"].items():
+        for mode, st in row.get("update_statistics", {}).items():
+            if st["clip_frac"] is not None:
+                lines.append(f"| {arm} | {mode} | {st['iterations']} | {share(st['clip_frac'])} | "
+                             f"{share(st['masked_frac'])} | {st['approx_kl']:.3f} | {st['grad_norm']:.3f} | "
+                             f"{st['entropy']:.2f} |")
     if summary["tip_usefulness"]:
         lines += ["", "Tip usefulness: the frozen base model on the training variations (return, success rate) per "
                   "round; round 0 without memory, then with the tips of the earlier rounds:", "",
