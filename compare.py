@@ -236,6 +236,21 @@ def area(points: dict[int, float]) -> float:
     return float(np.trapezoid([points[i] for i in its], its) / (its[-1] - its[0]))
 
 
+def movement(val_return: dict[str, list[float]]) -> dict[str, dict]:
+    """The registered usability check (docs/sanity.md, "If the setting is unusable"): per validated iteration, each
+    seed's validation return minus its own untrained one (iteration 0, the same seed's base evaluation), mean and
+    standard error over seeds, and whether |mean| > 2 standard errors ("moved"). `val_return`: {iteration: [per-seed
+    returns]} in the same seed order for every iteration (summarise's val_return)."""
+    untrained = np.asarray(val_return["0"], float)
+    out = {}
+    for it, returns in val_return.items():
+        if it == "0":
+            continue
+        mean, se = mean_se(np.asarray(returns, float) - untrained)
+        out[it] = {"mean": mean, "se": se, "moved": bool(len(returns) > 1 and abs(mean) > 2 * se)}
+    return out
+
+
 MODES = ("no_memory", "on_policy_tips", "off_policy")
 
 
@@ -322,6 +337,7 @@ def summarise(out: Path, seeds: list[int]) -> dict:
             "seeds": arm_seeds, "iterations": its,
             "val_return": {str(i): [c[i] for c in curves] for i in its},
             "final": [c[its[-1]] for c in curves], "auc": [area({i: c[i] for i in its}) for c in curves],
+            "movement": movement({str(i): [c[i] for c in curves] for i in its}),
             "train_return_per_mode": per_mode,
             "training_signal": training_signal([out / "runs" / f"{arm}_s{s}" for s in arm_seeds]),
             "update_statistics": update_statistics([out / "runs" / f"{arm}_s{s}" for s in arm_seeds]),
@@ -407,9 +423,21 @@ def summary_markdown(summary: dict) -> str:
                   "|---|" + "---|" * (TIP_ROUNDS + 1)]
         for source, rounds in summary["tip_usefulness"].items():
             lines.append(f"| {source} | " + " | ".join(f"{r:.1f} ({s:.2f})" for r, s in rounds) + " |")
+    first = next(iter(summary["arms"].values()), {"iterations": []})
+    lines += ["", "Did the validation return move? (registered usability check: each seed's return minus its own "
+              "untrained return, mean ± s.e. over seeds; * = more than 2 standard errors from 0)", "",
+              "| arm | " + " | ".join(f"iteration {it}" for it in first["iterations"] if it != 0) + " |",
+              "|---|" + "---|" * (len(first["iterations"]) - 1)]
+    cell = lambda m: f"{m['mean']:+.1f} ± {m['se']:.1f}" + (" *" if m["moved"] else "")  # noqa: E731
+    for arm, row in summary["arms"].items():
+        cells = [cell(row["movement"][str(it)]) if str(it) in row["movement"] else "-"
+                 for it in first["iterations"] if it != 0]
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    moved = [f"{arm} (iteration {', '.join(it for it, m in row['movement'].items() if m['moved'])})"
+             for arm, row in summary["arms"].items() if any(m["moved"] for m in row["movement"].values())]
+    lines += ["", "Arms whose validation return moved: " + (", ".join(moved) or "none") + "."]
     lines += ["", "Validation return per iteration (mean ± s.e.):", "",
               "| iteration | " + " | ".join(summary["arms"]) + " |", "|---|" + "---|" * len(summary["arms"])]
-    first = next(iter(summary["arms"].values()), {"iterations": []})
     for it in first["iterations"]:
         cells = [("%.1f ± %.1f" % mean_se(row["val_return"][str(it)])) if str(it) in row["val_return"] else "-"
                  for row in summary["arms"].values()]

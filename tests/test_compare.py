@@ -157,3 +157,17 @@ def test_update_statistics_average_each_modes_iterations_over_runs(tmp_path):
                                    "entropy": pytest.approx(3.0)}
     assert stats["on_policy_tips"] == {"iterations": 0, "clip_frac": None, "masked_frac": None, "approx_kl": None,
                                        "grad_norm": None, "entropy": None}
+
+
+def test_movement_is_each_seeds_change_from_its_own_untrained_return():
+    # seeds' untrained returns -40, -20, -30; at iteration 5 each gained 10, 12, 8: mean 10, s.e. 2 / sqrt(3)
+    # (the differences' std with ddof 1 is 2), far beyond 2 s.e.; at 10: -40 -> -10, -20 -> -50, -30 -> -30: mean 0
+    moved = compare.movement({"0": [-40.0, -20.0, -30.0], "5": [-30.0, -8.0, -22.0], "10": [-10.0, -50.0, -30.0]})
+    assert set(moved) == {"5", "10"}
+    assert moved["5"]["mean"] == pytest.approx(10.0) and moved["5"]["se"] == pytest.approx(2 / math.sqrt(3))
+    assert moved["5"]["moved"] is True
+    assert moved["10"]["mean"] == pytest.approx(0.0) and moved["10"]["se"] == pytest.approx(math.sqrt(900 / 3))
+    assert moved["10"]["moved"] is False
+    # unpaired, iteration 5's returns (-30, -8, -22) against iteration 0's (-40, -20, -30) would be +10 ± 8.6 (Welch's
+    # s.e.): not moved. Pairing by seed is what makes it move.
+    assert compare.movement({"0": [-5.0], "5": [50.0]})["5"]["moved"] is False  # one seed: no standard error
