@@ -1,11 +1,13 @@
 """EMPO² vs GRPO in miniature, decisively: four arms, equal everything else, on the sanity environment (CPU).
 
-    python compare.py tips    [--out results/comparison]   # item 0: do the base model's own tips carry information?
-    python compare.py run     [--out results/comparison] [--seeds 0,1,2,3,4] [--arms a,b] [--jobs N] [--section.key=value ...]
-    python compare.py summary [--out results/comparison]   # tables, confidence intervals, plot (also after `run`)
+    python compare.py tips    [--setting S] [--out DIR]  # item 0: do the base model's own tips carry information?
+    python compare.py run     [--setting S] [--out DIR] [--seeds 0,1,2,3,4] [--arms a,b] [--jobs N] [--section.key=value ...]
+    python compare.py summary [--setting S] [--out DIR]  # tables, confidence intervals, plot (also after `run`)
 
-The registered setting (docs/sanity.md, "EMPO² vs GRPO": chosen and committed before any run) is `SETTING`, applied
-to every arm; the arms differ only by `ARMS`:
+A setting (docs/sanity.md, "EMPO² vs GRPO": each chosen and committed before its first run) is one entry of
+`SETTINGS`, applied to every arm: `difficulty2` (the default; results/comparison) and `difficulty1`, registered when
+the first was reported unusable (results/comparison_difficulty1). An output folder remembers its setting
+(setting.json) and refuses another. The arms differ only by `ARMS`:
 
     grpo                configs/sanity_grpo.yaml: memory and the novelty bonus off
     empo2               configs/sanity_empo2.yaml: the paper's mode probabilities 0.75 / 0.08 / 0.17, policy-written tips
@@ -49,13 +51,20 @@ import numpy as np
 import yaml
 
 ROOT = Path(__file__).resolve().parent
-SETTING = [  # registered in docs/sanity.md before the first run: do not change it for this comparison
-    "--env.sanity.families=[lab]", "--env.sanity.difficulty=2", "--env.sanity.num_stages=3",
-    "--env.sanity.num_distractors=1", "--env.sanity.max_steps=4", "--env.sanity.train_variations=16",
-    "--env.sanity.test_variations=8", "--rollout.tasks_per_iteration=2", "--rollout.group_size=4",
-    "--rollout.tip_max_tokens=24", "--train.iterations=40", "--train.eval_every=5", "--train.eval_tasks=0",
-    "--train.eval_episodes_per_task=4", "--train.save_every=5",
-]
+SETTINGS = {  # each registered in docs/sanity.md before its first run: never change a registered setting
+    "difficulty2": [  # registered 2026-12-02 (results/comparison)
+        "--env.sanity.families=[lab]", "--env.sanity.difficulty=2", "--env.sanity.num_stages=3",
+        "--env.sanity.num_distractors=1", "--env.sanity.max_steps=4", "--env.sanity.train_variations=16",
+        "--env.sanity.test_variations=8", "--rollout.tasks_per_iteration=2", "--rollout.group_size=4",
+        "--rollout.tip_max_tokens=24", "--train.iterations=40", "--train.eval_every=5", "--train.eval_tasks=0",
+        "--train.eval_episodes_per_task=4", "--train.save_every=5",
+    ],
+}
+# Registered 2026-12-04 by the first setting's rule ("if the setting is unusable, the next one is difficulty 1"):
+# everything as difficulty2 except the stage order, one fixed order for every variation (results/comparison_difficulty1).
+SETTINGS["difficulty1"] = ["--env.sanity.difficulty=1" if a == "--env.sanity.difficulty=2" else a
+                           for a in SETTINGS["difficulty2"]]
+SETTING = SETTINGS["difficulty2"]  # the setting in use; main() sets it from --setting
 ARMS = {
     "grpo": ("configs/sanity_grpo.yaml", []),
     "empo2": ("configs/sanity_empo2.yaml", []),
@@ -512,16 +521,31 @@ def run_grid(out: Path, seeds: list[int], arms: list[str], jobs: int, extra: lis
     return failures
 
 
+def check_setting(out: Path, name: str) -> None:
+    """Bind an output folder to one setting (setting.json, written on first use): runs of two settings never mix in
+    one summary. A folder without setting.json but with runs is the first setting's (made before the file existed)."""
+    file = out / "setting.json"
+    recorded = json.loads(file.read_text())["setting"] if file.exists() else (
+        "difficulty2" if (out / "runs").exists() else None)
+    if recorded is not None and recorded != name:
+        sys.exit(f"{out} holds runs of setting {recorded!r}, not {name!r}; pass --out for a new folder")
+    if not file.exists():
+        file.write_text(json.dumps({"setting": name, "arguments": SETTINGS[name]}, indent=1) + "\n")
+
+
 def main(argv: list[str] | None = None) -> None:
-    global THREADS
+    global THREADS, SETTING
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["tips", "run", "summary"])
-    parser.add_argument("--out", default="results/comparison")
+    parser.add_argument("--setting", choices=list(SETTINGS), default="difficulty2")
+    parser.add_argument("--out", help="default: results/comparison (difficulty2), results/comparison_<setting> else")
     parser.add_argument("--seeds", default="0,1,2,3,4")
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--jobs", type=int, default=1, help="runs at once (`run`), each with cores // jobs threads")
     args, extra = parser.parse_known_args(argv)
-    out, seeds, arms = Path(args.out).resolve(), [int(s) for s in args.seeds.split(",")], args.arms.split(",")
+    SETTING = SETTINGS[args.setting]
+    default_out = "results/comparison" + ("" if args.setting == "difficulty2" else f"_{args.setting}")
+    out, seeds, arms = Path(args.out or default_out).resolve(), [int(s) for s in args.seeds.split(",")], args.arms.split(",")
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
         sys.exit(f"unknown arm(s) {unknown}; known: {list(ARMS)}")
@@ -530,6 +554,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.jobs > 1:
         THREADS = max(1, (os.cpu_count() or 1) // args.jobs)
     out.mkdir(parents=True, exist_ok=True)
+    check_setting(out, args.setting)
     if args.command == "tips":
         tip_usefulness(out, extra)
     elif args.command == "run":

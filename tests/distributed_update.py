@@ -14,7 +14,16 @@ pads rank 1 with a zero-weight one). SGD makes the weight change proportional to
 normalised step would hide a wrong weighting). "reference" does not use the trainer: every action becomes its own
 sample (the prefix up to it, as the reference trains), the clipped loss is written out here, averaged over each
 step's tokens, then over all steps, one backward.
+
+Each rank of a 2-process run writes OUT.pt.rank<R>.done once its work is done and every rank has passed the last
+barrier, then leaves with os._exit(0): the update is what this script measures, and the gloo process group's
+teardown at interpreter exit has aborted a finished rank on a loaded 2-core machine (SIGABRT, "terminate called
+without an active exception"), failing the launch after the results were written. The project's own exit path
+(runtime.end_process_group, registered by make_accelerator) is tested by test_distributed.py's at-exit test and by
+its `accelerate launch train.py` tests. faulthandler prints every thread's Python stack should a rank still abort.
 """
+import faulthandler
+import os
 import random
 import sys
 from pathlib import Path
@@ -141,7 +150,13 @@ def main(mode: str, out_file: str) -> None:
         torch.save({"weights": state, "grads": grads, "metrics": metrics, "padding_passes": padding,
                     "skipped": skipped, "loss": loss}, out_file)
     accelerator.wait_for_everyone()
+    if accelerator.num_processes > 1:
+        Path(f"{out_file}.rank{accelerator.process_index}.done").write_text("done\n")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":
+    faulthandler.enable()
     main(sys.argv[1], sys.argv[2])

@@ -1,4 +1,5 @@
 """compare.py by hand (fast, no model): permutation test, Welch's t, bootstrap CI, curve area, the runner's bookkeeping."""
+import json
 import math
 
 import numpy as np
@@ -171,3 +172,26 @@ def test_movement_is_each_seeds_change_from_its_own_untrained_return():
     # unpaired, iteration 5's returns (-30, -8, -22) against iteration 0's (-40, -20, -30) would be +10 ± 8.6 (Welch's
     # s.e.): not moved. Pairing by seed is what makes it move.
     assert compare.movement({"0": [-5.0], "5": [50.0]})["5"]["moved"] is False  # one seed: no standard error
+
+
+def test_the_difficulty1_setting_differs_from_the_first_only_in_the_stage_order():
+    first, second = compare.SETTINGS["difficulty2"], compare.SETTINGS["difficulty1"]
+    assert len(first) == len(second)
+    changed = [(a, b) for a, b in zip(first, second) if a != b]
+    assert changed == [("--env.sanity.difficulty=2", "--env.sanity.difficulty=1")]
+
+
+def test_an_output_folder_keeps_the_setting_of_its_runs(tmp_path):
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    compare.check_setting(fresh, "difficulty1")
+    assert json.loads((fresh / "setting.json").read_text())["setting"] == "difficulty1"
+    compare.check_setting(fresh, "difficulty1")  # the same setting again: fine
+    with pytest.raises(SystemExit, match="holds runs of setting 'difficulty1'"):
+        compare.check_setting(fresh, "difficulty2")
+    older = tmp_path / "older"  # runs made before setting.json existed are the first setting's
+    (older / "runs").mkdir(parents=True)
+    with pytest.raises(SystemExit, match="holds runs of setting 'difficulty2'"):
+        compare.check_setting(older, "difficulty1")
+    compare.check_setting(older, "difficulty2")
+    assert json.loads((older / "setting.json").read_text())["setting"] == "difficulty2"

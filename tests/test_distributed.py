@@ -37,7 +37,8 @@ def updates(tmp_path_factory):
         launcher = [sys.executable] if mode in ("single", "reference") else [
             sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}"]
         proc = run(launcher + [SCRIPT, mode, str(file)])
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        finished = [rank for rank in (0, 1) if Path(f"{file}.rank{rank}.done").exists()]
+        assert proc.returncode == 0, f"{mode}: ranks that finished their work: {finished}\n{proc.stderr[-6000:]}"
         results[mode] = torch.load(file, weights_only=False)
     return results
 
