@@ -379,8 +379,13 @@ def summarise(out: Path, seeds: list[int]) -> dict:
     return result
 
 
+def setting_name(arguments: list[str]) -> str:
+    return next((name for name, args in SETTINGS.items() if args == arguments), "unregistered")
+
+
 def summary_markdown(summary: dict) -> str:
-    lines = ["# EMPO² vs GRPO on the sanity environment (the registered setting of docs/sanity.md)", "",
+    lines = [f"# EMPO² vs GRPO on the sanity environment (setting `{setting_name(summary['setting'])}`, registered "
+             "in docs/sanity.md)", "",
              "Validation = no-memory return on the 8 held-out test variations (4 episodes each, temperature 0.4); "
              "iteration 0 = the untrained model. Mean ± standard error over seeds.", "",
              "| arm | seeds | final validation return | area under the curve (mean return) | training return "
@@ -469,7 +474,7 @@ def plot(out: Path, summary: dict) -> None:
         left.plot(its, stats[:, 0], "-o", ms=3, c=colour, label=f"{arm} ({len(row['seeds'])} seeds)")
         left.fill_between(its, stats[:, 0] - stats[:, 1], stats[:, 0] + stats[:, 1], color=colour, alpha=0.2)
     left.set(xlabel="training iteration", ylabel="validation return (no memory)",
-             title="held-out variations, mean ± s.e. over seeds")
+             title=f"{setting_name(summary['setting'])}: held-out variations, mean ± s.e. over seeds")
     left.legend(fontsize=8)
     arms = list(summary["versus_grpo"])
     for k, metric in enumerate(("final", "auc")):
