@@ -306,21 +306,18 @@ def training_signal(runs: list[Path]) -> dict[str, dict]:
 UPDATE_METRICS = ("clip_frac", "masked_frac", "approx_kl", "grad_norm", "entropy")
 
 
-def update_statistics(runs: list[Path]) -> dict[str, dict]:
-    """What the objective did with each mode's iterations, pooled over `runs` (metrics.jsonl): the mean over
-    iterations of the share of action tokens whose importance ratio was clipped, the share dropped by Eq. 2's
-    low-probability mask, approx KL(old || current), the gradient norm and the policy entropy. With one optimizer
-    step per iteration the on-policy ratio is exactly 1 (nothing clipped or masked); off-policy, the ratio is
-    pi(a | context without tips) / pi_old(a | context with tips), so these say how much of a distillation update
+def update_statistics(rows: list[dict]) -> dict[str, dict]:
+    """What the objective did with each mode's iterations, pooled over the metrics.jsonl `rows` of an arm's runs: the
+    mean over iterations of the share of action tokens whose importance ratio was clipped, the share dropped by
+    Eq. 2's low-probability mask, approx KL(old || current), the gradient norm and the policy entropy. With one
+    optimizer step per iteration the on-policy ratio is exactly 1 (nothing clipped or masked); off-policy, the ratio
+    is pi(a | context without tips) / pi_old(a | context with tips), so these say how much of a distillation update
     survives the clip and the mask."""
-    rows = {mode: [] for mode in MODES}
-    for run in runs:
-        for row in read_jsonl(run / "metrics.jsonl"):
-            rows[row["mode"]].append(row)
+    by_mode = {mode: [row for row in rows if row["mode"] == mode] for mode in MODES}
     mean = lambda values: float(np.mean(values)) if values else None  # noqa: E731
     return {mode: {"iterations": len(mode_rows),
                    **{k: mean([r[k] for r in mode_rows if k in r]) for k in UPDATE_METRICS}}
-            for mode, mode_rows in rows.items()}
+            for mode, mode_rows in by_mode.items()}
 
 
 def on_seeds(row: dict, metric: str, seeds: list[int]) -> list[float]:
@@ -349,7 +346,7 @@ def summarise(out: Path, seeds: list[int]) -> dict:
             "movement": movement({str(i): [c[i] for c in curves] for i in its}),
             "train_return_per_mode": per_mode,
             "training_signal": training_signal([out / "runs" / f"{arm}_s{s}" for s in arm_seeds]),
-            "update_statistics": update_statistics([out / "runs" / f"{arm}_s{s}" for s in arm_seeds]),
+            "update_statistics": update_statistics([r for run in rows for r in run]),
             # metrics.jsonl's tips_retrieved is already a mean over the iteration's steps
             "tips_retrieved_per_step": float(np.mean([r["tips_retrieved"] for run in rows for r in run
                                                       if r["mode"] != "no_memory"] or [0.0])),

@@ -138,19 +138,13 @@ def test_arms_are_compared_with_grpo_on_the_seeds_both_have_finished(tmp_path):
     assert compare.on_seeds({"seeds": [3, 1], "final": [30.0, 10.0]}, "final", [1, 3]) == [10.0, 30.0]
 
 
-def test_update_statistics_average_each_modes_iterations_over_runs(tmp_path):
-    import json
-
-    def metrics(run, rows):
-        run.mkdir()
-        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-
+def test_update_statistics_average_each_modes_iterations_over_runs():
     row = lambda mode, clip, masked, kl, grad, ent: {"mode": mode, "clip_frac": clip, "masked_frac": masked,  # noqa
                                                      "approx_kl": kl, "grad_norm": grad, "entropy": ent}
-    metrics(tmp_path / "a", [row("no_memory", 0.0, 0.0, 0.0, 0.2, 3.0), row("off_policy", 0.25, 0.5, 0.3, 0.1, 3.5)])
-    metrics(tmp_path / "b", [row("no_memory", 0.0, 0.0, 0.0, 0.4, 2.0), row("off_policy", 0.0, 0.1, 0.1, 0.05, 2.5),
-                             row("no_memory", 0.0, 0.0, 0.0, 0.3, 1.0)])
-    stats = compare.update_statistics([tmp_path / "a", tmp_path / "b"])
+    run_a = [row("no_memory", 0.0, 0.0, 0.0, 0.2, 3.0), row("off_policy", 0.25, 0.5, 0.3, 0.1, 3.5)]
+    run_b = [row("no_memory", 0.0, 0.0, 0.0, 0.4, 2.0), row("off_policy", 0.0, 0.1, 0.1, 0.05, 2.5),
+             row("no_memory", 0.0, 0.0, 0.0, 0.3, 1.0)]
+    stats = compare.update_statistics(run_a + run_b)
     assert stats["no_memory"] == {"iterations": 3, "clip_frac": 0.0, "masked_frac": 0.0, "approx_kl": 0.0,
                                   "grad_norm": pytest.approx(0.3), "entropy": pytest.approx(2.0)}
     assert stats["off_policy"] == {"iterations": 2, "clip_frac": 0.125, "masked_frac": pytest.approx(0.3),
