@@ -268,25 +268,31 @@ def training_signal(runs: list[Path]) -> dict[str, dict]:
     the registered setting: 2 rows x 4 = train.log_episodes' 8): the share of episodes ended by a fatal command
     (negative task return: -100), the share that reached at least one stage (positive task return), and the share
     of groups whose episodes all got the same task return, so that only the novelty bonus gives them an advantage
-    (GRPO: no signal at all); plus the mean tip hit rate (steps shown >= 1 tip) of the mode's iterations. The fatal
+    (GRPO: no signal at all), and the share whose advantage is zero for every episode, novelty bonus included
+    (`silent`: nothing to learn from at all; the difference to the first share is the groups that only the novelty
+    bonus moves); plus the mean tip hit rate (steps shown >= 1 tip) of the mode's iterations. The fatal
     share is also given for the first and the last quarter of each run's iterations: what training changed."""
     episodes = {mode: [] for mode in MODES}
     groups = {mode: [] for mode in MODES}
+    silent = {mode: [] for mode in MODES}
     hits = {mode: [] for mode in MODES}
     fatal_by_quarter = {mode: {"first": [], "last": []} for mode in MODES}
     for run in runs:
         iterations = configured_iterations(run)
+        intrinsic = yaml.safe_load((run / "config.yaml").read_text()).get("intrinsic", {})
         for file in sorted((run / "episodes").glob("iter_*.jsonl")):
             iteration = int(file.name.split("_")[1])
             quarter = "first" if iteration <= iterations / 4 else "last" if iteration > iterations * 3 / 4 else None
-            by_group: dict[tuple, list[float]] = {}
+            by_group: dict[tuple, list[tuple[float, float]]] = {}
             for record in read_jsonl(file):
                 episodes[record["mode"]].append(record["extrinsic_return"])
                 if quarter:
                     fatal_by_quarter[record["mode"]][quarter].append(record["extrinsic_return"] < 0)
-                by_group.setdefault((record["mode"], record["group"]), []).append(record["extrinsic_return"])
+                by_group.setdefault((record["mode"], record["group"]), []).append(
+                    (record["extrinsic_return"], advantage_key(record, intrinsic)))
             for (mode, _), returns in by_group.items():
-                groups[mode].append(len(set(returns)) == 1)
+                groups[mode].append(len({task for task, _ in returns}) == 1)
+                silent[mode].append(len({key for _, key in returns}) == 1)
         for row in read_jsonl(run / "metrics.jsonl"):
             hits[row["mode"]].append(row.get("tip_hit_rate", 0.0))
     out = {}
@@ -297,10 +303,24 @@ def training_signal(runs: list[Path]) -> dict[str, dict]:
             "fatal_share": float(np.mean([r < 0 for r in returns])) if returns else None,
             "stage_share": float(np.mean([r > 0 for r in returns])) if returns else None,
             "flat_group_share": float(np.mean(groups[mode])) if groups[mode] else None,
+            "silent_group_share": float(np.mean(silent[mode])) if silent[mode] else None,
             **{f"fatal_share_{q}_quarter": float(np.mean(fatal)) if fatal else None
                for q, fatal in fatal_by_quarter[mode].items()},
             "tip_hit_rate": float(np.mean(hits[mode])) if hits[mode] and mode != "no_memory" else None}
     return out
+
+
+def advantage_key(record: dict, intrinsic: dict) -> tuple[float, float]:
+    """What an episode's group-normalised advantage depends on (rollout.advantage_return, train.py): equal keys in a
+    whole group = a zero advantage for every episode. The novelty bonus coef * B_i (B_i: the sum or mean of the
+    episode's per-step bonuses) enters the normalised return (intrinsic.combine=return) or is added to the advantage
+    centred on the group (combine=advantage)."""
+    steps = record.get("intrinsic") or []
+    bonus = sum(steps) / len(steps) if steps and intrinsic.get("aggregate") == "mean" else sum(steps)
+    bonus *= intrinsic.get("coef", 0.0)
+    if intrinsic.get("combine") == "return":
+        return round(record["extrinsic_return"] + bonus, 9), 0.0
+    return record["extrinsic_return"], round(bonus, 9)
 
 
 UPDATE_METRICS = ("clip_frac", "masked_frac", "approx_kl", "grad_norm", "entropy")
@@ -405,16 +425,18 @@ def summary_markdown(summary: dict) -> str:
                          f"{s['permutation_p']:.3f} | {s['welch_t_df'][0]:+.2f} ({s['welch_t_df'][1]:.1f}) |")
     lines += ["", "Training signal per mode (every logged training episode, pooled over seeds): episodes ended by a "
               "fatal command (-100), episodes that reached at least one stage, groups whose episodes all got the "
-              "same task return (no task signal: only the novelty bonus separates them), steps shown at least one "
-              "tip:", "", "| arm | mode | episodes | fatal | fatal: first / last quarter of training | ≥ 1 stage | "
-              "groups with one return | tip hit rate |", "|---|---|---|---|---|---|---|---|"]
+              "same task return (no task signal: only the novelty bonus can separate them) and, of all groups, those "
+              "with a zero advantage for every episode even with the novelty bonus (nothing to learn), steps shown "
+              "at least one tip:", "", "| arm | mode | episodes | fatal | fatal: first / last quarter of training | "
+              "≥ 1 stage | groups: one task return / zero advantage | tip hit rate |", "|---|---|---|---|---|---|---|---|"]
     share = lambda v: "-" if v is None else f"{100 * v:.0f} %"  # noqa: E731
     for arm, row in summary["arms"].items():
         for mode, sig in row.get("training_signal", {}).items():
             if sig["episodes"]:
                 lines.append(f"| {arm} | {mode} | {sig['episodes']} | {share(sig['fatal_share'])} | "
                              f"{share(sig['fatal_share_first_quarter'])} / {share(sig['fatal_share_last_quarter'])} | "
-                             f"{share(sig['stage_share'])} | {share(sig['flat_group_share'])} of {sig['groups']} | "
+                             f"{share(sig['stage_share'])} | {share(sig['flat_group_share'])} / "
+                             f"{share(sig['silent_group_share'])} of {sig['groups']} | "
                              f"{share(sig['tip_hit_rate'])} |")
     lines += ["", "The update per mode (mean over the mode's iterations, pooled over seeds): action tokens whose "
               "importance ratio was clipped, tokens dropped by the low-probability mask (Eq. 2), approx KL(old || "

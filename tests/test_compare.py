@@ -87,30 +87,48 @@ def test_training_signal_counts_fatal_staged_and_flat_groups_per_mode(tmp_path):
         (run / "episodes").mkdir(parents=True, exist_ok=True)
         (run / "episodes" / name).write_text("".join(json.dumps(r) + "\n" for r in records))
 
-    ep = lambda mode, group, ret: {"mode": mode, "group": group, "extrinsic_return": ret}  # noqa: E731
+    def ep(mode, group, ret, novelty=()):  # novelty: the per-step bonuses 1/n_t
+        return {"mode": mode, "group": group, "extrinsic_return": ret, "intrinsic": list(novelty)}
+
     a, b = tmp_path / "a", tmp_path / "b"
     write(a, "iter_000001_rank0.jsonl", [ep("no_memory", 0, 0.0), ep("no_memory", 0, 0.0),      # flat
                                          ep("no_memory", 1, -100.0), ep("no_memory", 1, 33.0)])  # not flat
     write(a, "iter_000002_rank0.jsonl", [ep("off_policy", 0, 66.0), ep("off_policy", 0, 66.0)])  # flat
     write(a, "val_000005.jsonl", [ep("no_memory", 0, -100.0)])  # validation: not training signal
     write(b, "iter_000001_rank0.jsonl", [ep("no_memory", 0, -100.0), ep("no_memory", 0, -100.0)])  # flat
-    write(b, "iter_000004_rank0.jsonl", [ep("no_memory", 0, 0.0), ep("no_memory", 0, 0.0)])  # flat
+    write(b, "iter_000004_rank0.jsonl", [ep("no_memory", 0, 0.0, [1.0, 0.5]), ep("no_memory", 0, 0.0, [1.0])])
+    # a: GRPO (no novelty bonus); b: EMPO²'s bonus, summed over steps, added to the advantage
     (a / "config.yaml").write_text("train:\n  iterations: 8\n")  # quarters: iterations 1-2 and 7-8
-    (b / "config.yaml").write_text("train:\n  iterations: 4\n")  # quarters: iterations 1 and 4
+    (b / "config.yaml").write_text("train:\n  iterations: 4\nintrinsic:\n  coef: 0.1\n  combine: advantage\n"
+                                   "  aggregate: sum\n")  # quarters: iterations 1 and 4
     (a / "metrics.jsonl").write_text('{"mode": "no_memory", "tip_hit_rate": 0.0}\n'
                                      '{"mode": "off_policy", "tip_hit_rate": 0.5}\n')
     (b / "metrics.jsonl").write_text('{"mode": "off_policy", "tip_hit_rate": 1.0}\n')
     signal = compare.training_signal([a, b])
     # no memory: returns 0, 0, -100, 33 (a, iteration 1), -100, -100 (b, 1), 0, 0 (b, 4); groups flat, not flat,
-    # flat, flat; first quarters: a's iteration 1 and b's 1 (3 of 6 fatal), last quarter: b's iteration 4 (0 of 2)
+    # flat, flat (b's iteration 4 only in its task return: bonuses 0.1 x 1.5 and 0.1 x 1 give the episodes different
+    # advantages, so 2 of 4 groups are silent); first quarters: a's iteration 1 and b's 1 (3 of 6 fatal), last
+    # quarter: b's iteration 4 (0 of 2)
     assert signal["no_memory"] == {"episodes": 8, "groups": 4, "fatal_share": 3 / 8, "stage_share": 1 / 8,
-                                   "flat_group_share": 3 / 4, "fatal_share_first_quarter": 3 / 6,
+                                   "flat_group_share": 3 / 4, "silent_group_share": 2 / 4,
+                                   "fatal_share_first_quarter": 3 / 6,
                                    "fatal_share_last_quarter": 0.0, "tip_hit_rate": None}
     # a's iteration 2 of 8 is in its first quarter
     assert signal["off_policy"] == {"episodes": 2, "groups": 1, "fatal_share": 0.0, "stage_share": 1.0,
-                                    "flat_group_share": 1.0, "fatal_share_first_quarter": 0.0,
+                                    "flat_group_share": 1.0, "silent_group_share": 1.0,
+                                    "fatal_share_first_quarter": 0.0,
                                     "fatal_share_last_quarter": None, "tip_hit_rate": 0.75}
     assert signal["on_policy_tips"]["episodes"] == 0 and signal["on_policy_tips"]["fatal_share"] is None
+
+
+def test_advantage_key_follows_the_novelty_bonus_configuration():
+    record = {"extrinsic_return": 33.0, "intrinsic": [1.0, 0.5]}  # bonuses of a new state and a twice-seen one
+    advantage = {"coef": 0.1, "combine": "advantage"}
+    assert compare.advantage_key(record, {**advantage, "aggregate": "sum"}) == (33.0, 0.15)  # 0.1 x (1 + 0.5)
+    assert compare.advantage_key(record, {**advantage, "aggregate": "mean"}) == (33.0, 0.075)  # 0.1 x 1.5 / 2
+    assert compare.advantage_key(record, {"coef": 0.1, "combine": "return", "aggregate": "sum"}) == (33.15, 0.0)
+    assert compare.advantage_key(record, {}) == (33.0, 0.0)  # GRPO: no bonus
+    assert compare.advantage_key({"extrinsic_return": -100.0, "intrinsic": []}, advantage) == (-100.0, 0.0)
 
 
 def test_arms_are_compared_with_grpo_on_the_seeds_both_have_finished(tmp_path):
