@@ -16,11 +16,12 @@ sample (the prefix up to it, as the reference trains), the clipped loss is writt
 step's tokens, then over all steps, one backward.
 
 Each rank of a 2-process run writes OUT.pt.rank<R>.done once its work is done and every rank has passed the last
-barrier, then leaves with os._exit(0): the update is what this script measures, and the gloo process group's
-teardown at interpreter exit has aborted a finished rank on a loaded 2-core machine (SIGABRT, "terminate called
-without an active exception"), failing the launch after the results were written. The project's own exit path
-(runtime.end_process_group, registered by make_accelerator) is tested by test_distributed.py's at-exit test and by
-its `accelerate launch train.py` tests. faulthandler prints every thread's Python stack should a rank still abort.
+barrier, then leaves with os._exit(0): the update is what this script measures, and a rank of the `dp` launch has
+died in CI with SIGABRT ("terminate called without an active exception", the signature of a C++ thread left
+joinable, as in the gloo process group's teardown at interpreter exit), failing the launch. The project's own exit
+path (runtime.end_process_group, registered by make_accelerator) is tested by test_distributed.py's at-exit test
+and by its `accelerate launch train.py` tests. faulthandler prints every thread's Python stack should a rank still
+abort.
 """
 import faulthandler
 import os
