@@ -278,8 +278,8 @@ def training_signal(runs: list[Path]) -> dict[str, dict]:
     hits = {mode: [] for mode in MODES}
     fatal_by_quarter = {mode: {"first": [], "last": []} for mode in MODES}
     for run in runs:
-        iterations = configured_iterations(run)
-        intrinsic = yaml.safe_load((run / "config.yaml").read_text()).get("intrinsic", {})
+        config = yaml.safe_load((run / "config.yaml").read_text())  # one read: iterations and the novelty bonus
+        iterations, intrinsic = int(config["train"]["iterations"]), config.get("intrinsic", {})
         for file in sorted((run / "episodes").glob("iter_*.jsonl")):
             iteration = int(file.name.split("_")[1])
             quarter = "first" if iteration <= iterations / 4 else "last" if iteration > iterations * 3 / 4 else None
