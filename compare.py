@@ -18,13 +18,14 @@ the first was reported unusable (results/comparison_difficulty1). An output fold
 
 Each run is its own `python train.py` process (runs/<arm>_s<seed>/, its exact command in command.txt). `run` skips
 finished runs (done.json) and resumes interrupted ones from their newest checkpoint (train.py --resume=latest, exact:
-the same episodes and weights as an uninterrupted run); wall time is summed over a run's sittings. A finished run
-keeps its final LoRA adapter, memory and config in runs/<arm>_s<seed>/final/ (the checkpoints are then deleted: `eval.py
---checkpoint=runs/<arm>_s<seed>/final` re-evaluates it). Iteration 0 of every curve is the untrained model
-(runs/base_s<seed>/, the same for every arm). `summary` writes summary.json, summary.md and compare.png: per arm
-the final and area-under-curve validation return, the differences to GRPO with their tests, the tip-usefulness
-table, and the training signal per memory mode (`training_signal`: fatal episodes, episodes that reached a stage,
-groups with no task signal, tip hit rate), the measurements behind a verdict either way.
+the same episodes and weights as an uninterrupted run); wall time is summed over a run's sittings. Ctrl-C or SIGTERM
+stops `run` cleanly: the running runs finish their iteration and checkpoint, none starts, wall times are recorded
+(`stop_on_signals`). A finished run keeps its final LoRA adapter, memory and config in runs/<arm>_s<seed>/final/ (the
+checkpoints are then deleted: `eval.py --checkpoint=runs/<arm>_s<seed>/final` re-evaluates it). Iteration 0 of every
+curve is the untrained model (runs/base_s<seed>/, the same for every arm). `summary` writes summary.json, summary.md
+and compare.png: per arm the final and area-under-curve validation return, the differences to GRPO with their tests,
+the tip-usefulness table, and the training signal per memory mode (`training_signal`: fatal episodes, episodes that
+reached a stage, groups with no task signal, tip hit rate), the measurements behind a verdict either way.
 
 `--jobs N` runs N runs at once, each process with OMP_NUM_THREADS and --train.torch_threads = cores // N (at least 1;
 the sanity configs' own torch_threads would override OMP_NUM_THREADS and oversubscribe the cores): a 135M model's decode
@@ -40,6 +41,7 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -83,6 +85,7 @@ def code_version() -> str:
 
 
 THREADS: int | None = None  # OMP_NUM_THREADS for every run's process (set by `run --jobs`); None = torch's default
+SIGNALS = {"received": 0}  # SIGTERM / SIGINT received by `run` or `tips` (stop_on_signals); run_command reads it
 
 
 class RunFailed(RuntimeError):
@@ -105,14 +108,39 @@ def train_command(arm: str, seed: int, run: Path, extra: list[str]) -> list[str]
 
 
 def run_command(cmd: list[str], log: Path) -> tuple[int, float]:
-    """Run one process, its output appended to `log`; (exit code, wall seconds)."""
+    """Run one process, its output appended to `log`; (exit code, wall seconds). The process gets a session of its own,
+    so a terminal's Ctrl-C reaches only compare.py, which passes each signal it receives on to the process once
+    (train.py: the first finishes the iteration, checkpoints and exits 0; a second stops it at once)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(THREADS)} if THREADS else None
     start = time.perf_counter()
     with open(log, "a") as f:
         f.write(f"\n# code {code_version()}\n$ {thread_prefix()}{' '.join(cmd[1:])}\n")
         f.flush()
-        code = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+        process = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        passed_on = 0
+        while True:
+            while passed_on < SIGNALS["received"]:
+                process.send_signal(signal.SIGTERM)
+                passed_on += 1
+            try:
+                code = process.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                pass
     return code, time.perf_counter() - start
+
+
+def stop_on_signals() -> None:
+    """SIGTERM / SIGINT (Ctrl-C): every running run finishes its iteration, checkpoints and stops, no new run starts,
+    and `run` exits once they have (wall times recorded; `run` again resumes). A second signal stops them at once.
+    The handler only counts: the threads that wait on the runs pass the signals on (run_command)."""
+    def handler(signum, frame):
+        SIGNALS["received"] += 1
+        print(f"signal {signum}: " + ("the running runs finish their iteration, checkpoint and stop; no new run starts "
+                                      "(again to stop them at once)" if SIGNALS["received"] == 1 else
+                                      "stopping the running runs now"), flush=True)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, handler)
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -155,8 +183,9 @@ def train_run(out: Path, arm: str, seed: int, extra: list[str]) -> None:
     code, wall = run_command(cmd + (["--resume=latest"] if resume else []), run / "log.txt")
     (run / "wall_seconds.json").write_text(json.dumps(walls + [round(wall, 1)]))
     if code != 0:
-        raise RunFailed(f"{arm} seed {seed} failed ({code}); see {run / 'log.txt'}; `compare.py run` resumes it")
-    final = last_checkpoint(run)
+        how = "stopped by a signal" if SIGNALS["received"] else f"failed ({code}); see {run / 'log.txt'}"
+        raise RunFailed(f"{arm} seed {seed} {how}; `compare.py run` resumes it")
+    final = last_checkpoint(run)  # RunFailed when a signal stopped it early (exit code 0, an earlier checkpoint)
     shutil.rmtree(run / "final", ignore_errors=True)
     shutil.copytree(final, run / "final", ignore=shutil.ignore_patterns("optimizer.pt", "rng_rank*"))  # adapter
     shutil.rmtree(run / "checkpoints")
@@ -175,7 +204,8 @@ def base_run(out: Path, seed: int, extra: list[str]) -> None:
     (run / "command.txt").write_text(thread_prefix() + " ".join(cmd[1:]) + "\n")
     print(f"untrained model, seed {seed}", flush=True)
     if run_command(cmd, run / "log.txt")[0] != 0:
-        raise RunFailed(f"the untrained evaluation of seed {seed} failed; see {run / 'log.txt'}")
+        how = "stopped by a signal; `compare.py run` reruns it" if SIGNALS["received"] else f"failed; see {run}/log.txt"
+        raise RunFailed(f"the untrained evaluation of seed {seed} {how}")
 
 
 def tip_usefulness(out: Path, extra: list[str]) -> None:
@@ -184,7 +214,7 @@ def tip_usefulness(out: Path, extra: list[str]) -> None:
     environment's (the oracle ablation's tips). Says whether tips carry information in this setting at all."""
     for source in ("policy", "environment"):
         run = out / "tips" / source
-        if (run / "eval.json").exists():
+        if (run / "eval.json").exists() or SIGNALS["received"]:
             continue
         run.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "eval.py", "--config", ARMS["empo2"][0], *SETTING, "--train.seed=0",
@@ -192,7 +222,7 @@ def tip_usefulness(out: Path, extra: list[str]) -> None:
                *extra, f"--output={run}"]
         (run / "command.txt").write_text(" ".join(cmd[1:]) + "\n")
         print(f"tip usefulness, {source} tips", flush=True)
-        if run_command(cmd, run / "log.txt")[0] != 0:
+        if run_command(cmd, run / "log.txt")[0] != 0 and not SIGNALS["received"]:
             sys.exit(f"failed; see {run / 'log.txt'}")
 
 
@@ -532,6 +562,8 @@ def run_grid(out: Path, seeds: list[int], arms: list[str], jobs: int, extra: lis
 
     def one(job: tuple[str, int]) -> None:
         name, seed = job
+        if SIGNALS["received"]:  # stopping: no new run
+            return
         try:
             base_run(out, seed, extra) if name == "base" else train_run(out, name, seed, extra)
         except RunFailed as error:
@@ -579,13 +611,18 @@ def main(argv: list[str] | None = None) -> None:
         THREADS = max(1, (os.cpu_count() or 1) // args.jobs)
     out.mkdir(parents=True, exist_ok=True)
     check_setting(out, args.setting)
+    if args.command in ("tips", "run"):
+        stop_on_signals()
+    failures = []
     if args.command == "tips":
         tip_usefulness(out, extra)
     elif args.command == "run":
         failures = run_grid(out, seeds, arms, args.jobs, extra)
-        if failures:
-            sys.exit("\n".join(failures))
     write_summary(out, seeds)
+    if SIGNALS["received"]:
+        sys.exit(f"stopped by a signal; `compare.py {args.command}` resumes where it stopped")
+    if failures:
+        sys.exit("\n".join(failures))
 
 
 if __name__ == "__main__":

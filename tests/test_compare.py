@@ -1,6 +1,10 @@
 """compare.py by hand (fast, no model): permutation test, Welch's t, bootstrap CI, curve area, the runner's bookkeeping."""
 import json
 import math
+import os
+import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -207,3 +211,42 @@ def test_an_output_folder_keeps_the_setting_of_its_runs(tmp_path):
         compare.check_setting(older, "difficulty1")
     compare.check_setting(older, "difficulty2")
     assert json.loads((older / "setting.json").read_text())["setting"] == "difficulty2"
+
+
+CHILD = """
+import os, signal, sys, time
+received = []
+signal.signal(signal.SIGTERM, lambda *_: received.append(time.time()))
+open(sys.argv[1], "w").write(str(os.getsid(0)))
+start = time.time()
+while not received and time.time() < start + 30:  # a test that failed before signalling leaves no process behind
+    time.sleep(0.05)
+time.sleep(2.0)  # run_command polls every 0.5 s: a signal passed on more than once would arrive now
+sys.exit(10 + len(received))
+"""
+
+
+def test_run_command_passes_each_signal_on_once_to_a_run_in_its_own_session(tmp_path, monkeypatch):
+    """`compare.py run` stopped by Ctrl-C / SIGTERM: each signal reaches every running run exactly once (train.py
+    checkpoints on the first and stops at once on a second), and only through compare.py (own session)."""
+    monkeypatch.setitem(compare.SIGNALS, "received", 0)
+    ready, result = tmp_path / "ready", {}
+    worker = threading.Thread(target=lambda: result.update(
+        out=compare.run_command([sys.executable, "-c", CHILD, str(ready)], tmp_path / "log.txt")), daemon=True)
+    worker.start()
+    deadline = time.time() + 60
+    while not (ready.exists() and ready.read_text()) and time.time() < deadline:
+        time.sleep(0.05)
+    assert int(ready.read_text()) != os.getsid(0)  # a terminal's Ctrl-C does not reach it directly
+    compare.SIGNALS["received"] = 1  # what stop_on_signals' handler does
+    worker.join(timeout=60)
+    code, wall = result["out"]
+    assert code == 11  # exactly one SIGTERM
+    assert wall >= 2.0
+    assert "$ -c" in (tmp_path / "log.txt").read_text()  # the command is logged before the output
+
+
+def test_after_a_signal_the_grid_starts_no_run(tmp_path, monkeypatch):
+    monkeypatch.setitem(compare.SIGNALS, "received", 1)
+    assert compare.run_grid(tmp_path, [0, 1], ["grpo", "empo2"], 2, []) == []
+    assert not (tmp_path / "runs").exists()
