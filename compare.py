@@ -25,7 +25,8 @@ checkpoints are then deleted: `eval.py --checkpoint=runs/<arm>_s<seed>/final` re
 curve is the untrained model (runs/base_s<seed>/, the same for every arm). `summary` writes summary.json, summary.md
 and compare.png: per arm the final and area-under-curve validation return, the differences to GRPO with their tests,
 the tip-usefulness table, and the training signal per memory mode (`training_signal`: fatal episodes, episodes that
-reached a stage, groups with no task signal, tip hit rate), the measurements behind a verdict either way.
+reached a stage, groups with no task signal, tip hit rate) and whether the policy writes a listed command itself or
+the environment's action correction picks one for it (`command_use`), the measurements behind a verdict either way.
 
 `--jobs N` runs N runs at once, each process with OMP_NUM_THREADS and --train.torch_threads = cores // N (at least 1;
 the sanity configs' own torch_threads would override OMP_NUM_THREADS and oversubscribe the cores): a 135M model's decode
@@ -40,6 +41,7 @@ import argparse
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -340,6 +342,50 @@ def training_signal(runs: list[Path]) -> dict[str, dict]:
     return out
 
 
+COMMANDS_RE = re.compile(r"Available commands: (.*?)\.(?:\n|$)")  # the sanity env's command list (envs/sanity.py)
+
+
+def command_use(records: list[dict]) -> dict:
+    """Does the policy write a listed command itself? Over every step of the episode `records` whose observation
+    lists the commands: the share whose output, cleaned as the environment cleans it, is one of them ("own"), and the
+    share that shares no word with any of them ("no_word"): the environment's action correction then runs the first
+    listed command (best_match's tie rule), so the step's action is the command list's order, not the policy's."""
+    from envs.base import jaccard  # pure text helpers: no torch, no JVM
+    from envs.scienceworld.prompts import clean_action
+
+    steps = own = no_word = 0
+    for record in records:
+        for observation, action in zip(record["observations"], record["actions"]):
+            match = COMMANDS_RE.search(observation)
+            if not match:
+                continue
+            commands, cleaned = [c.strip() for c in match.group(1).split(",")], clean_action(action)
+            steps += 1
+            own += cleaned in commands
+            no_word += cleaned not in commands and max(jaccard(cleaned, c) for c in commands) == 0
+    share = lambda n: n / steps if steps else None  # noqa: E731
+    return {"steps": steps, "own": share(own), "no_word": share(no_word)}
+
+
+def command_use_over_training(out: Path, arm: str, seeds: list[int]) -> dict[str, dict]:
+    """command_use of an arm's runs pooled over `seeds`: the untrained model's logged validation episodes, the
+    training episodes of the first and of the last quarter of the iterations, the last validation's logged episodes."""
+    stages = {"untrained": [], "first_quarter": [], "last_quarter": [], "final_validation": []}
+    for seed in seeds:
+        run = out / "runs" / f"{arm}_s{seed}"
+        stages["untrained"] += read_jsonl(out / "runs" / f"base_s{seed}" / "episodes" / "evaluation.jsonl")
+        iterations = configured_iterations(run)
+        for file in (run / "episodes").glob("iter_*.jsonl"):
+            iteration = int(file.name.split("_")[1])
+            if iteration <= iterations / 4:
+                stages["first_quarter"] += read_jsonl(file)
+            elif iteration > iterations * 3 / 4:
+                stages["last_quarter"] += read_jsonl(file)
+        validations = sorted((run / "episodes").glob("val_*.jsonl"))
+        stages["final_validation"] += read_jsonl(validations[-1]) if validations else []
+    return {stage: command_use(records) for stage, records in stages.items()}
+
+
 def advantage_key(record: dict, intrinsic: dict) -> tuple[float, float]:
     """What an episode's group-normalised advantage depends on (rollout.advantage_return, train.py): equal keys in a
     whole group = a zero advantage for every episode. The novelty bonus coef * B_i (B_i: the sum or mean of the
@@ -396,6 +442,7 @@ def summarise(out: Path, seeds: list[int]) -> dict:
             "movement": movement({str(i): [c[i] for c in curves] for i in its}),
             "train_return_per_mode": per_mode,
             "training_signal": training_signal([out / "runs" / f"{arm}_s{s}" for s in arm_seeds]),
+            "command_use": command_use_over_training(out, arm, arm_seeds),
             "update_statistics": update_statistics([r for run in rows for r in run]),
             # metrics.jsonl's tips_retrieved is already a mean over the iteration's steps
             "tips_retrieved_per_step": float(np.mean([r["tips_retrieved"] for run in rows for r in run
@@ -468,6 +515,18 @@ def summary_markdown(summary: dict) -> str:
                              f"{share(sig['stage_share'])} | {share(sig['flat_group_share'])} / "
                              f"{share(sig['silent_group_share'])} of {sig['groups']} | "
                              f"{share(sig['tip_hit_rate'])} |")
+    lines += ["", "Does the policy write a listed command itself? Share of steps whose output, cleaned as the "
+              "environment cleans it, is one of the listed commands (own), and share that shares no word with any "
+              "(the environment's action correction then runs the first listed command); the untrained model's and "
+              "the last validation's logged episodes, the training episodes of the first and last quarter, pooled "
+              "over seeds:", "", "| arm | untrained (validation) | training: first quarter | training: last quarter | "
+              "final validation |", "|---|---|---|---|---|"]
+    use = lambda u: "-" if u["own"] is None else (  # noqa: E731
+        f"{100 * u['own']:.1f} % own, {100 * u['no_word']:.0f} % no word ({u['steps']} steps)")
+    stages = ("untrained", "first_quarter", "last_quarter", "final_validation")
+    for arm, row in summary["arms"].items():
+        if "command_use" in row:
+            lines.append(f"| {arm} | " + " | ".join(use(row["command_use"][stage]) for stage in stages) + " |")
     lines += ["", "The update per mode (mean over the mode's iterations, pooled over seeds): action tokens whose "
               "importance ratio was clipped, tokens dropped by the low-probability mask (Eq. 2), approx KL(old || "
               "new), gradient norm, entropy. Off-policy, the ratio compares the tip-free policy with the tip-guided "

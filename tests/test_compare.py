@@ -250,3 +250,33 @@ def test_after_a_signal_the_grid_starts_no_run(tmp_path, monkeypatch):
     monkeypatch.setitem(compare.SIGNALS, "received", 1)
     assert compare.run_grid(tmp_path, [0, 1], ["grpo", "empo2"], 2, []) == []
     assert not (tmp_path / "runs").exists()
+
+
+def test_command_use_agrees_with_the_environments_action_correction():
+    """Own command / no word in common, by hand and checked against what the real sanity environment does with each
+    output: an own command runs uncorrected, an output without a listed word runs the first listed command."""
+    import re
+
+    from envs.sanity import SanityConfig, SanityEnv
+
+    env = SanityEnv(SanityConfig(difficulty=1, num_distractors=1, max_steps=4))
+    observation = env.reset(env.tasks("train")[0])
+    commands = re.search(r"Available commands: (.*?)\.\n", observation).group(1).split(", ")
+    outputs = [f'"{commands[2].capitalize()}."',  # quoted, capitalised, a full stop: still the command itself
+               "I'm ready to help.",             # no word of any command
+               f"maybe {commands[1].split()[-1]}",  # one word of a command, not the command
+               "Ima nezh obmihi"]                # no word of any command
+    own, no_word = [True, False, False, False], [False, True, False, True]
+    observations = []
+    for output, is_own, has_no_word in zip(outputs, own, no_word):
+        observations.append(observation)
+        observation, _, done, info = env.step(output)
+        assert info["corrected"] != is_own
+        assert not has_no_word or info["action"] == commands[0]  # best_match's tie rule
+        if done:
+            break
+    played = len(observations)
+    record = {"observations": observations, "actions": outputs[:played]}
+    use = compare.command_use([record, {"observations": ["no command list here"], "actions": ["x"]}])
+    assert played >= 2 and use["steps"] == played
+    assert use["own"] == sum(own[:played]) / played and use["no_word"] == sum(no_word[:played]) / played
