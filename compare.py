@@ -468,7 +468,10 @@ def summarise(out: Path, seeds: list[int]) -> dict:
         path = out / "tips" / source / "eval.json"
         if path.exists():
             steps = json.loads(path.read_text())["ood"]["steps"]
-            tips[source] = [(s["return_mean"], s.get("success_rate", 0.0)) for s in steps]
+            episodes = path.parent / "episodes"  # each round's logged sample: does a tip make it write commands?
+            tips[source] = [(s["return_mean"], s.get("success_rate", 0.0),
+                             command_use(read_jsonl(episodes / f"ood_step_{i:02d}.jsonl"))["own"])
+                            for i, s in enumerate(steps)]
     result["tip_usefulness"] = tips
     return result
 
@@ -539,12 +542,15 @@ def summary_markdown(summary: dict) -> str:
                              f"{share(st['masked_frac'])} | {st['approx_kl']:.3f} | {st['grad_norm']:.3f} | "
                              f"{st['entropy']:.2f} |")
     if summary["tip_usefulness"]:
-        lines += ["", "Tip usefulness: the frozen base model on the training variations (return, success rate) per "
-                  "round; round 0 without memory, then with the tips of the earlier rounds:", "",
+        lines += ["", "Tip usefulness: the frozen base model on the training variations (return, success rate, share "
+                  "of the logged steps with an own command) per round; round 0 without memory, then with the tips of "
+                  "the earlier rounds:", "",
                   "| tips | " + " | ".join(f"round {i}" for i in range(TIP_ROUNDS + 1)) + " |",
                   "|---|" + "---|" * (TIP_ROUNDS + 1)]
         for source, rounds in summary["tip_usefulness"].items():
-            lines.append(f"| {source} | " + " | ".join(f"{r:.1f} ({s:.2f})" for r, s in rounds) + " |")
+            lines.append(f"| {source} | " + " | ".join(
+                f"{r:.1f} ({s:.2f}, " + ("-" if own is None else f"{100 * own:.0f} % own") + ")"
+                for r, s, own in rounds) + " |")
     first = next(iter(summary["arms"].values()), {"iterations": []})
     lines += ["", "Did the validation return move? (registered usability check: each seed's return minus its own "
               "untrained return, mean ± s.e. over seeds; * = more than 2 standard errors from 0)", "",
