@@ -295,6 +295,11 @@ def movement(val_return: dict[str, list[float]]) -> dict[str, dict]:
 MODES = ("no_memory", "on_policy_tips", "off_policy")
 
 
+def training_quarter(iteration: int, iterations: int) -> str | None:
+    """"first" or "last" when `iteration` (1-based) lies in the first or last quarter of a run's `iterations`."""
+    return "first" if iteration <= iterations / 4 else "last" if iteration > iterations * 3 / 4 else None
+
+
 def training_signal(runs: list[Path]) -> dict[str, dict]:
     """Why a run learns or does not, per memory mode, pooled over `runs`' logged training episodes (every episode in
     the registered setting: 2 rows x 4 = train.log_episodes' 8): the share of episodes ended by a fatal command
@@ -314,7 +319,7 @@ def training_signal(runs: list[Path]) -> dict[str, dict]:
         iterations, intrinsic = int(config["train"]["iterations"]), config.get("intrinsic", {})
         for file in sorted((run / "episodes").glob("iter_*.jsonl")):
             iteration = int(file.name.split("_")[1])
-            quarter = "first" if iteration <= iterations / 4 else "last" if iteration > iterations * 3 / 4 else None
+            quarter = training_quarter(iteration, iterations)
             by_group: dict[tuple, list[tuple[float, float]]] = {}
             for record in read_jsonl(file):
                 episodes[record["mode"]].append(record["extrinsic_return"])
@@ -376,11 +381,9 @@ def command_use_over_training(out: Path, arm: str, seeds: list[int]) -> dict[str
         stages["untrained"] += read_jsonl(out / "runs" / f"base_s{seed}" / "episodes" / "evaluation.jsonl")
         iterations = configured_iterations(run)
         for file in (run / "episodes").glob("iter_*.jsonl"):
-            iteration = int(file.name.split("_")[1])
-            if iteration <= iterations / 4:
-                stages["first_quarter"] += read_jsonl(file)
-            elif iteration > iterations * 3 / 4:
-                stages["last_quarter"] += read_jsonl(file)
+            quarter = training_quarter(int(file.name.split("_")[1]), iterations)
+            if quarter:
+                stages[f"{quarter}_quarter"] += read_jsonl(file)
         validations = sorted((run / "episodes").glob("val_*.jsonl"))
         stages["final_validation"] += read_jsonl(validations[-1]) if validations else []
     return {stage: command_use(records) for stage, records in stages.items()}
