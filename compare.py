@@ -5,9 +5,10 @@
     python compare.py summary [--setting S] [--out DIR]  # tables, confidence intervals, plot (also after `run`)
 
 A setting (docs/sanity.md, "EMPO² vs GRPO": each chosen and committed before its first run) is one entry of
-`SETTINGS`, applied to every arm: `difficulty2` (the default; results/comparison) and `difficulty1`, registered when
-the first was reported unusable (results/comparison_difficulty1). An output folder remembers its setting
-(setting.json) and refuses another. The arms differ only by `ARMS`:
+`SETTINGS`, applied to every arm: `difficulty2` (the default; results/comparison), `difficulty1`, registered when
+the first was reported unusable (results/comparison_difficulty1), and `difficulty1_warmup`, the second with every run
+of a seed starting from the seed's format warm-up (`WARMUPS`, warmup.py; runs/warmup_s<seed>/, made first). An output
+folder remembers its setting (setting.json) and refuses another. The arms differ only by `ARMS`:
 
     grpo                configs/sanity_grpo.yaml: memory and the novelty bonus off
     empo2               configs/sanity_empo2.yaml: the paper's mode probabilities 0.75 / 0.08 / 0.17, policy-written tips
@@ -68,7 +69,14 @@ SETTINGS = {  # each registered in docs/sanity.md before its first run: never ch
 # everything as difficulty2 except the stage order, one fixed order for every variation (results/comparison_difficulty1).
 SETTINGS["difficulty1"] = ["--env.sanity.difficulty=1" if a == "--env.sanity.difficulty=2" else a
                            for a in SETTINGS["difficulty2"]]
+# Registered 2026-12-04 (docs/sanity.md, "third setting"): the second setting's arguments, and every run of a seed
+# (its iteration-0 evaluation, its tip measurement and all four arms) starts from that seed's format warm-up
+# (warmup.py: supervised, on gold episodes of the garden family, which no arm ever plays).
+SETTINGS["difficulty1_warmup"] = list(SETTINGS["difficulty1"])
+WARMUPS = {"difficulty1_warmup": ["--family=garden", "--epochs=3", "--lr=1e-4"]}  # warmup.py's own arguments
 SETTING = SETTINGS["difficulty2"]  # the setting in use; main() sets it from --setting
+SETTING_NAME = "difficulty2"
+WARMUP: list[str] = []  # the setting's warm-up arguments ([] = none: runs start from the base model)
 ARMS = {
     "grpo": ("configs/sanity_grpo.yaml", []),
     "empo2": ("configs/sanity_empo2.yaml", []),
@@ -166,9 +174,32 @@ def last_checkpoint(run: Path) -> Path:
 
 
 def finished(out: Path, name: str, seed: int) -> bool:
-    """Whether run `name` ("base" or an arm) of `seed` is complete: a training run writes done.json after its last
-    iteration, the untrained model's evaluation writes eval.json."""
-    return (out / "runs" / f"{name}_s{seed}" / ("eval.json" if name == "base" else "done.json")).exists()
+    """Whether run `name` ("warmup", "base" or an arm) of `seed` is complete: a training run writes done.json after
+    its last iteration, the untrained model's evaluation eval.json, a warm-up warmup.json (after its adapter)."""
+    done = {"base": "eval.json", "warmup": "warmup.json"}.get(name, "done.json")
+    return (out / "runs" / f"{name}_s{seed}" / done).exists()
+
+
+def start_from(out: Path, seed: int) -> list[str]:
+    """The override that starts every run of `seed` from the seed's warm-up ([] in a setting without one)."""
+    return [f"--model.init_adapter={out / 'runs' / f'warmup_s{seed}'}"] if WARMUP else []
+
+
+def warmup_run(out: Path, seed: int, extra: list[str]) -> None:
+    """The seed's format warm-up (warmup.py), before any other run of the seed; skipped when it has finished. It
+    takes a minute or three and writes nothing before its adapter is complete, so an interrupted one simply reruns."""
+    run = out / "runs" / f"warmup_s{seed}"
+    if finished(out, "warmup", seed):
+        return
+    run.mkdir(parents=True, exist_ok=True)
+    threads = [f"--train.torch_threads={THREADS}"] if THREADS else []
+    cmd = [sys.executable, "warmup.py", "--config", ARMS["empo2"][0], *SETTING, f"--train.seed={seed}", *WARMUP,
+           *threads, *extra, f"--output={run}"]
+    (run / "command.txt").write_text(thread_prefix() + " ".join(cmd[1:]) + "\n")
+    print(f"format warm-up, seed {seed}", flush=True)
+    if run_command(cmd, run / "log.txt")[0] != 0 or not finished(out, "warmup", seed):
+        how = "stopped by a signal; `compare.py run` reruns it" if SIGNALS["received"] else f"failed; see {run}/log.txt"
+        raise RunFailed(f"the warm-up of seed {seed} {how}")
 
 
 def train_run(out: Path, arm: str, seed: int, extra: list[str]) -> None:
@@ -177,7 +208,7 @@ def train_run(out: Path, arm: str, seed: int, extra: list[str]) -> None:
     if finished(out, arm, seed):
         return
     run.mkdir(parents=True, exist_ok=True)
-    cmd = train_command(arm, seed, run, extra)
+    cmd = train_command(arm, seed, run, start_from(out, seed) + extra)
     (run / "command.txt").write_text(thread_prefix() + " ".join(cmd[1:]) + "\n")
     resume = any((run / "checkpoints").glob("iter_*"))
     print(f"{'resuming' if resume else 'training'} {arm} seed {seed}", flush=True)
@@ -201,8 +232,8 @@ def base_run(out: Path, seed: int, extra: list[str]) -> None:
     if finished(out, "base", seed):
         return
     run.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "eval.py", "--config", ARMS["empo2"][0], *SETTING, f"--train.seed={seed}", *extra,
-           "--episodes_per_task=4", f"--output={run}"]
+    cmd = [sys.executable, "eval.py", "--config", ARMS["empo2"][0], *SETTING, f"--train.seed={seed}",
+           *start_from(out, seed), *extra, "--episodes_per_task=4", f"--output={run}"]
     (run / "command.txt").write_text(thread_prefix() + " ".join(cmd[1:]) + "\n")
     print(f"untrained model, seed {seed}", flush=True)
     if run_command(cmd, run / "log.txt")[0] != 0:
@@ -213,14 +244,17 @@ def base_run(out: Path, seed: int, extra: list[str]) -> None:
 def tip_usefulness(out: Path, extra: list[str]) -> None:
     """The frozen base model on the TRAINING variations: no memory, then TIP_ROUNDS rounds with the tips it wrote
     itself (eval.py --ood, the OOD protocol applied in-distribution), once with policy tips, once with the
-    environment's (the oracle ablation's tips). Says whether tips carry information in this setting at all."""
+    environment's (the oracle ablation's tips). Says whether tips carry information in this setting at all. With a
+    warm-up, the model measured is seed 0's warmed-up one (the policy every arm of seed 0 starts from)."""
+    if WARMUP:
+        warmup_run(out, 0, extra)
     for source in ("policy", "environment"):
         run = out / "tips" / source
         if (run / "eval.json").exists() or SIGNALS["received"]:
             continue
         run.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "eval.py", "--config", ARMS["empo2"][0], *SETTING, "--train.seed=0",
-               f"--rollout.tip_source={source}", "--split=train", f"--ood={TIP_ROUNDS}", "--episodes_per_task=4",
+               *start_from(out, 0), f"--rollout.tip_source={source}", "--split=train", f"--ood={TIP_ROUNDS}", "--episodes_per_task=4",
                *extra, f"--output={run}"]
         (run / "command.txt").write_text(" ".join(cmd[1:]) + "\n")
         print(f"tip usefulness, {source} tips", flush=True)
@@ -427,7 +461,7 @@ def on_seeds(row: dict, metric: str, seeds: list[int]) -> list[float]:
 def summarise(out: Path, seeds: list[int]) -> dict:
     complete = {arm: [s for s in seeds if finished(out, arm, s) and finished(out, "base", s)]  # base: iteration 0
                 for arm in ARMS}
-    result = {"setting": SETTING, "arms": {}, "versus_grpo": {}}
+    result = {"setting": SETTING, "setting_name": SETTING_NAME, "warmup": WARMUP, "arms": {}, "versus_grpo": {}}
     for arm, arm_seeds in complete.items():
         if not arm_seeds:
             continue
@@ -484,10 +518,12 @@ def setting_name(arguments: list[str]) -> str:
 
 
 def summary_markdown(summary: dict) -> str:
-    lines = [f"# EMPO² vs GRPO on the sanity environment (setting `{setting_name(summary['setting'])}`, registered "
-             "in docs/sanity.md)", "",
+    name = summary.get("setting_name") or setting_name(summary["setting"])
+    start = ("the model after its seed's format warm-up (warmup.py " + " ".join(summary["warmup"]) + "), before RL; "
+             "\"untrained\" below means this model" if summary.get("warmup") else "the untrained model")
+    lines = [f"# EMPO² vs GRPO on the sanity environment (setting `{name}`, registered in docs/sanity.md)", "",
              "Validation = no-memory return on the 8 held-out test variations (4 episodes each, temperature 0.4); "
-             "iteration 0 = the untrained model. Mean ± standard error over seeds.", "",
+             f"iteration 0 = {start}. Mean ± standard error over seeds.", "",
              "| arm | seeds | final validation return | area under the curve (mean return) | training return "
              "per mode: no memory / on-policy tips / off-policy (iterations) | tips per memory step | wall per run |",
              "|---|---|---|---|---|---|---|"]
@@ -591,7 +627,8 @@ def plot(out: Path, summary: dict) -> None:
         left.plot(its, stats[:, 0], "-o", ms=3, c=colour, label=f"{arm} ({len(row['seeds'])} seeds)")
         left.fill_between(its, stats[:, 0] - stats[:, 1], stats[:, 0] + stats[:, 1], color=colour, alpha=0.2)
     left.set(xlabel="training iteration", ylabel="validation return (no memory)",
-             title=f"{setting_name(summary['setting'])}: held-out variations, mean ± s.e. over seeds")
+             title=f"{summary.get('setting_name') or setting_name(summary['setting'])}: held-out variations, "
+                   "mean ± s.e. over seeds")
     left.legend(fontsize=8)
     arms = list(summary["versus_grpo"])
     for k, metric in enumerate(("final", "auc")):
@@ -619,13 +656,16 @@ def write_summary(out: Path, seeds: list[int]) -> None:
 
 def pending_runs(out: Path, seeds: list[int], arms: list[str]) -> list[tuple[str, int]]:
     """What `run` still has to do, seed-major (every arm of a seed before the next seed), finished runs left out:
-    ("base", seed), the untrained model's evaluation, then (arm, seed) for each arm."""
-    return [(name, seed) for seed in seeds for name in ["base", *arms] if not finished(out, name, seed)]
+    ("warmup", seed) in a setting with a warm-up, ("base", seed), the untrained model's evaluation, then (arm, seed)
+    for each arm."""
+    names = ["warmup"] * bool(WARMUP) + ["base", *arms]
+    return [(name, seed) for seed in seeds for name in names if not finished(out, name, seed)]
 
 
 def run_grid(out: Path, seeds: list[int], arms: list[str], jobs: int, extra: list[str]) -> list[str]:
-    """Every pending run, `jobs` at a time, in pending_runs' order; the summary is rewritten after each. A failed run
-    does not stop the others; the failures are returned."""
+    """Every pending run, `jobs` at a time, in pending_runs' order; the summary is rewritten after each. The warm-ups
+    go first, all of them (every other run of a seed starts from its warm-up). A failed run does not stop the
+    others (but a seed whose warm-up failed runs nothing else); the failures are returned."""
     lock, failures = threading.Lock(), []
 
     def one(job: tuple[str, int]) -> None:
@@ -633,15 +673,23 @@ def run_grid(out: Path, seeds: list[int], arms: list[str], jobs: int, extra: lis
         if SIGNALS["received"]:  # stopping: no new run
             return
         try:
-            base_run(out, seed, extra) if name == "base" else train_run(out, name, seed, extra)
+            if name == "warmup":
+                warmup_run(out, seed, extra)
+            elif WARMUP and not finished(out, "warmup", seed):
+                raise RunFailed(f"{name} seed {seed} not started: the seed's warm-up did not finish")
+            else:
+                base_run(out, seed, extra) if name == "base" else train_run(out, name, seed, extra)
         except RunFailed as error:
             failures.append(str(error))
             print(error, flush=True)
-        with lock:
-            write_summary(out, seeds)
+        if name != "warmup":
+            with lock:
+                write_summary(out, seeds)
 
+    pending = pending_runs(out, seeds, arms)
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        list(pool.map(one, pending_runs(out, seeds, arms)))
+        list(pool.map(one, [job for job in pending if job[0] == "warmup"]))
+        list(pool.map(one, [job for job in pending if job[0] != "warmup"]))
     return failures
 
 
@@ -654,11 +702,12 @@ def check_setting(out: Path, name: str) -> None:
     if recorded is not None and recorded != name:
         sys.exit(f"{out} holds runs of setting {recorded!r}, not {name!r}; pass --out for a new folder")
     if not file.exists():
-        file.write_text(json.dumps({"setting": name, "arguments": SETTINGS[name]}, indent=1) + "\n")
+        record = {"setting": name, "arguments": SETTINGS[name]} | ({"warmup": WARMUPS[name]} if name in WARMUPS else {})
+        file.write_text(json.dumps(record, indent=1) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:
-    global THREADS, SETTING
+    global THREADS, SETTING, SETTING_NAME, WARMUP
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["tips", "run", "summary"])
     parser.add_argument("--setting", choices=list(SETTINGS), default="difficulty2")
@@ -667,7 +716,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--jobs", type=int, default=1, help="runs at once (`run`), each with cores // jobs threads")
     args, extra = parser.parse_known_args(argv)
-    SETTING = SETTINGS[args.setting]
+    SETTING, SETTING_NAME, WARMUP = SETTINGS[args.setting], args.setting, WARMUPS.get(args.setting, [])
     default_out = "results/comparison" + ("" if args.setting == "difficulty2" else f"_{args.setting}")
     out, seeds, arms = Path(args.out or default_out).resolve(), [int(s) for s in args.seeds.split(",")], args.arms.split(",")
     unknown = [a for a in arms if a not in ARMS]

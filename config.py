@@ -63,6 +63,9 @@ class ModelConfig:
     lora_targets: list[str] = field(  # module names that get LoRA adapters
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
+    # A LoRA adapter folder (models.save_model's output: warmup.py's, or a checkpoint's model/) the adapters start
+    # from instead of a fresh one (B = 0); same rank and targets. "" = fresh. A resume loads its checkpoint instead.
+    init_adapter: str = ""
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
     # bfloat16/float16 only: the LM head computes in fp32 (weight and input), so sampling, the recorded behaviour
     # log-probs and the loss read logits the head did not round. Costs vocab x hidden x 2 bytes (7B: +1.1 GB; a tied
@@ -270,6 +273,11 @@ class Config:
                 raise ConfigError(f"{key}={value!r} is not one of {sorted(allowed)}")
         if self.loss.kl_coef < 0:  # a negative coefficient would reward moving away from the reference
             raise ConfigError(f"loss.kl_coef must be >= 0 (0 = no KL term), got {self.loss.kl_coef}")
+        if self.model.init_adapter and not self.model.lora:
+            raise ConfigError("model.init_adapter is a LoRA adapter: it needs model.lora=true")
+        if self.model.init_adapter and self.loss.kl_coef:  # pi_ref = adapters disabled = the base model, not pi_0
+            raise ConfigError("model.init_adapter with loss.kl_coef > 0 is not supported: the KL reference would be "
+                              "the base model (adapters disabled), not the policy the run starts from")
         if self.loss.advantage == "gigpo" and self.rollout.history_window < 0:
             raise ConfigError("loss.advantage=gigpo gives every step its own advantage, so it needs one sample per "
                               "step: set rollout.history_window >= 0 (WebShop configs use 2)")

@@ -287,6 +287,9 @@ def load_policy(cfg, device=None, autocast_forward: bool = True):
         with warnings.catch_warnings():  # peft reads the deprecated `is_gradient_checkpointing`
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
             model = get_peft_model(model, lora)
+        if cfg.init_adapter:  # e.g. warmup.py's format warm-up: every arm of a comparison starts from the same one
+            folder = Path(cfg.init_adapter)
+            load_trainable(model, folder / "model" if (folder / "model").is_dir() else folder)
     else:
         for param in model.parameters():
             param.requires_grad_(True)
@@ -467,7 +470,11 @@ def load_trainable(model, folder) -> None:
         file = folder / "adapter_model.safetensors"
         if not file.is_file():
             raise ModelLoadError(f"{folder} has no adapter_model.safetensors (was it saved from a LoRA model?)")
-        result = set_peft_model_state_dict(model, load_file(file))
+        try:
+            result = set_peft_model_state_dict(model, load_file(file))
+        except RuntimeError as err:  # a size mismatch: another lora_rank or base model
+            raise ModelLoadError(f"{file} does not fit this model's adapter (model.lora_rank, model.lora_targets "
+                                 f"and the base model must be the ones it was trained with): {err}") from None
         bad = result.unexpected_keys + [k for k in result.missing_keys if "lora_" in k]
         if bad:
             raise ModelLoadError(f"{file} does not match this model's adapter: {bad[:5]}")

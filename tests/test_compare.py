@@ -213,6 +213,31 @@ def test_an_output_folder_keeps_the_setting_of_its_runs(tmp_path):
     assert json.loads((older / "setting.json").read_text())["setting"] == "difficulty2"
 
 
+def test_the_warmup_setting_is_the_second_plus_a_warmup_that_every_run_of_its_seed_waits_for(tmp_path, monkeypatch):
+    assert compare.SETTINGS["difficulty1_warmup"] == compare.SETTINGS["difficulty1"]
+    assert compare.WARMUPS["difficulty1_warmup"] == ["--family=garden", "--epochs=3", "--lr=1e-4"]
+    monkeypatch.setattr(compare, "WARMUP", ["--family=garden", "--epochs=0"])  # warmup.py refuses 0 epochs
+    monkeypatch.setattr(compare, "SETTING_NAME", "difficulty1_warmup")
+    monkeypatch.setattr(compare, "SETTING", compare.SETTINGS["difficulty1_warmup"])
+    monkeypatch.setitem(compare.SIGNALS, "received", 0)
+    (tmp_path / "runs" / "warmup_s1").mkdir(parents=True)
+    (tmp_path / "runs" / "warmup_s1" / "warmup.json").write_text("{}")
+    assert compare.pending_runs(tmp_path, [0, 1], ["grpo"]) == [("warmup", 0), ("base", 0), ("grpo", 0),
+                                                                ("base", 1), ("grpo", 1)]
+    assert compare.start_from(tmp_path, 1) == [f"--model.init_adapter={tmp_path / 'runs' / 'warmup_s1'}"]
+    # A real warmup.py that fails (a config error, before any model loads): no other run of its seed starts.
+    failures = compare.run_grid(tmp_path, [0], ["grpo"], 2, [])
+    assert failures[0].startswith("the warm-up of seed 0 failed")
+    assert sorted(failures[1:]) == ["base seed 0 not started: the seed's warm-up did not finish",
+                                    "grpo seed 0 not started: the seed's warm-up did not finish"]
+    assert "--epochs must be >= 1" in (tmp_path / "runs" / "warmup_s0" / "log.txt").read_text()
+    assert not (tmp_path / "runs" / "base_s0").exists() and not (tmp_path / "runs" / "grpo_s0").exists()
+    assert "setting `difficulty1_warmup`" in (tmp_path / "summary.md").read_text()
+    assert "after its seed's format warm-up" in (tmp_path / "summary.md").read_text()
+    monkeypatch.setattr(compare, "WARMUP", [])  # a setting without a warm-up starts from the base model
+    assert compare.start_from(tmp_path, 1) == [] and ("warmup", 0) not in compare.pending_runs(tmp_path, [0], [])
+
+
 CHILD = """
 import os, signal, sys, time
 received = []
