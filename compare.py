@@ -73,7 +73,7 @@ SETTINGS["difficulty1"] = ["--env.sanity.difficulty=1" if a == "--env.sanity.dif
 # (its iteration-0 evaluation, its tip measurement and all four arms) starts from that seed's format warm-up
 # (warmup.py: supervised, on gold episodes of the garden family, which no arm ever plays).
 SETTINGS["difficulty1_warmup"] = list(SETTINGS["difficulty1"])
-WARMUPS = {"difficulty1_warmup": ["--family=garden", "--epochs=3", "--lr=1e-4"]}  # warmup.py's own arguments
+WARMUPS = {"difficulty1_warmup": ["--family=garden", "--epochs=3", "--lr=3e-4"]}  # warmup.py's own arguments
 SETTING = SETTINGS["difficulty2"]  # the setting in use; main() sets it from --setting
 SETTING_NAME = "difficulty2"
 WARMUP: list[str] = []  # the setting's warm-up arguments ([] = none: runs start from the base model)

@@ -375,7 +375,9 @@ def main(argv: list[str] | None = None) -> dict:
     accelerator = make_accelerator()
     torch.manual_seed(derive_seed(cfg.train.seed, "eval", accelerator.process_index))  # sampling: repeatable per seed
     with accelerator.main_process_first():
-        model, tokenizer = load_policy(cfg.model, device=accelerator.device)
+        # A checkpoint holds the whole adapter: the one its run started from (init_adapter) is not needed
+        model, tokenizer = load_policy(replace(cfg.model, init_adapter="") if extra["checkpoint"] else cfg.model,
+                                       device=accelerator.device)
     if extra["checkpoint"]:
         folder = Path(extra["checkpoint"])
         load_trainable(model, str(folder / "model" if (folder / "model").is_dir() else folder))

@@ -38,6 +38,7 @@ import random
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -262,7 +263,9 @@ def train(cfg: Config) -> dict:
     torch.manual_seed(cfg.train.seed)  # same init (LoRA) on every rank
 
     with accelerator.main_process_first():  # rank 0 converts/downloads the model once
-        model, tokenizer = load_policy(cfg.model, device=accelerator.device, autocast_forward=not launch.fsdp)
+        # A resume's checkpoint holds the whole adapter: the one the run started from (init_adapter) is not needed
+        model_cfg = replace(cfg.model, init_adapter="") if checkpoint is not None else cfg.model
+        model, tokenizer = load_policy(model_cfg, device=accelerator.device, autocast_forward=not launch.fsdp)
     if launch.fsdp:  # after loading (every rank holds the same fp32 weights), before the optimizer sees them
         shard_model(model, getattr(torch, cfg.model.dtype), launch)
     # pi_ref of the KL term. LoRA: the policy with its adapters disabled (no copy). Full fine-tune: a frozen copy

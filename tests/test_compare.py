@@ -215,7 +215,7 @@ def test_an_output_folder_keeps_the_setting_of_its_runs(tmp_path):
 
 def test_the_warmup_setting_is_the_second_plus_a_warmup_that_every_run_of_its_seed_waits_for(tmp_path, monkeypatch):
     assert compare.SETTINGS["difficulty1_warmup"] == compare.SETTINGS["difficulty1"]
-    assert compare.WARMUPS["difficulty1_warmup"] == ["--family=garden", "--epochs=3", "--lr=1e-4"]
+    assert compare.WARMUPS["difficulty1_warmup"] == ["--family=garden", "--epochs=3", "--lr=3e-4"]
     monkeypatch.setattr(compare, "WARMUP", ["--family=garden", "--epochs=0"])  # warmup.py refuses 0 epochs
     monkeypatch.setattr(compare, "SETTING_NAME", "difficulty1_warmup")
     monkeypatch.setattr(compare, "SETTING", compare.SETTINGS["difficulty1_warmup"])

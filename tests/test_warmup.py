@@ -77,6 +77,13 @@ def test_warmup_teaches_held_out_gold_actions_and_init_adapter_loads_them(tmp_pa
     lab = make_env(cfg.env)
     lab_before, lab_after = (held_out_nll(m, tokenizer, lab, lab.tasks("test")) for m in (fresh, warmed))
     assert lab_after < lab_before - 0.3
+    # A checkpoint holds the whole adapter: evaluating one does not need the folder its run started from (a run's
+    # config.yaml names it by its path on the machine that trained it).
+    import eval as evaluation
+    result = evaluation.main(["--config", "configs/sanity_empo2.yaml", *SMALL, "--model.init_adapter=/nonexistent",
+                              f"--checkpoint={tmp_path / 'wu'}", "--episodes_per_task=1", "--env.sanity.max_steps=1",
+                              f"--output={tmp_path / 'eval'}"])
+    assert result["episodes"] == 1 and (tmp_path / "eval" / "eval.json").is_file()
     # A mismatched adapter is refused with a message, not loaded partly.
     with pytest.raises(ModelLoadError, match="lora_rank"):
         load_policy(replace(cfg.model, lora_rank=4, init_adapter=str(tmp_path / "wu")))
