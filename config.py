@@ -437,6 +437,19 @@ def load_config(path: str | None = None, overrides: list[str] | None = None) -> 
     return cfg
 
 
+def split_options(argv: list[str], options: dict[str, str]) -> list[str]:
+    """Pull a script's own `--name=value` options (the keys of `options`, whose values are updated in place) out of
+    argv; the rest (--config and the --section.key=value overrides) is returned for split_cli."""
+    rest = []
+    for arg in argv:
+        name = arg[2:].split("=", 1)[0] if arg.startswith("--") else ""
+        if name in options and "=" in arg:
+            options[name] = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    return rest
+
+
 def split_cli(argv: list[str]) -> tuple[str | None, list[str]]:
     """Pull `--config X` / `--config=X` out of argv; the rest are overrides."""
     config_path, rest, i = None, [], 0

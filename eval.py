@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from checkpoint import generation_settings
-from config import Config, ConfigError, config_help, load_config, split_cli, to_dict
+from config import Config, ConfigError, config_help, load_config, split_cli, split_options, to_dict
 from envs import make_env_pool
 from envs.base import Task
 from models import load_policy, load_trainable
@@ -335,15 +335,7 @@ def main(argv: list[str] | None = None) -> dict:
         return {}
     extra = {"checkpoint": "", "episodes_per_task": "", "output": "", "split": "test", "ood": "",
              "cases": "", "write_cases": ""}
-    rest = []
-    for arg in argv:
-        name = arg[2:].split("=", 1)[0] if arg.startswith("--") else ""
-        if name == "ood" and "=" not in arg:
-            extra["ood"] = str(OOD_STEPS)
-        elif name in extra and "=" in arg:
-            extra[name] = arg.split("=", 1)[1]
-        else:
-            rest.append(arg)
+    rest = split_options([f"--ood={OOD_STEPS}" if arg == "--ood" else arg for arg in argv], extra)
     try:
         cfg = load_config(*split_cli(rest))
         # Evaluation is data parallel (every rank plays its share with the whole model): an FSDP launch is refused

@@ -1,7 +1,7 @@
 """Format warm-up: supervised fine-tuning of the LoRA on gold episodes of ANOTHER task family, before any RL.
 
     python warmup.py --config configs/sanity_empo2.yaml [--section.key=value ...] [--family=garden] [--epochs=3]
-                     [--lr=1e-4] --output=DIR
+                     [--lr=3e-4] --output=DIR
     python train.py  --config configs/sanity_empo2.yaml --model.init_adapter=DIR   # every arm starts from DIR
 
 Not part of EMPO² (the paper starts RL from Qwen2.5-7B-Instruct, which already answers with commands). A 135M
@@ -35,14 +35,14 @@ from pathlib import Path
 
 import torch
 
-from config import ConfigError, config_help, load_config, split_cli, to_dict
+from config import ConfigError, config_help, load_config, split_cli, split_options, to_dict
 from envs import make_env
 from generation import ChatStream
 from models import load_policy, save_model
 from rollout import Episode, full_history_turn
 from runtime import derive_seed
 
-USAGE = """usage: python warmup.py --config FILE [--family=garden] [--epochs=3] [--lr=1e-4] --output=DIR
+USAGE = """usage: python warmup.py --config FILE [--family=garden] [--epochs=3] [--lr=3e-4] --output=DIR
                        [--section.key=value ...]
 
 Supervised format warm-up of the LoRA on gold episodes of another sanity family (train with --model.init_adapter=DIR).
@@ -145,13 +145,8 @@ def main(argv: list[str] | None = None) -> dict:
     if "--help" in argv or "-h" in argv:
         print(USAGE + config_help())
         return {}
-    extra, rest = {"family": "garden", "epochs": "3", "lr": "1e-4", "output": ""}, []
-    for arg in argv:
-        name = arg[2:].split("=", 1)[0] if arg.startswith("--") else ""
-        if name in extra and "=" in arg:
-            extra[name] = arg.split("=", 1)[1]
-        else:
-            rest.append(arg)
+    extra = {"family": "garden", "epochs": "3", "lr": "3e-4", "output": ""}
+    rest = split_options(argv, extra)
     try:
         cfg = load_config(*split_cli(rest))
         if not extra["output"]:
