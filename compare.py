@@ -247,15 +247,18 @@ def tip_usefulness(out: Path, extra: list[str]) -> None:
     environment's (the oracle ablation's tips). Says whether tips carry information in this setting at all. With a
     warm-up, the model measured is seed 0's warmed-up one (the policy every arm of seed 0 starts from)."""
     if WARMUP:
-        warmup_run(out, 0, extra)
+        try:
+            warmup_run(out, 0, extra)
+        except RunFailed as error:
+            sys.exit(str(error))
     for source in ("policy", "environment"):
         run = out / "tips" / source
         if (run / "eval.json").exists() or SIGNALS["received"]:
             continue
         run.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "eval.py", "--config", ARMS["empo2"][0], *SETTING, "--train.seed=0",
-               *start_from(out, 0), f"--rollout.tip_source={source}", "--split=train", f"--ood={TIP_ROUNDS}", "--episodes_per_task=4",
-               *extra, f"--output={run}"]
+               *start_from(out, 0), f"--rollout.tip_source={source}", "--split=train", f"--ood={TIP_ROUNDS}",
+               "--episodes_per_task=4", *extra, f"--output={run}"]
         (run / "command.txt").write_text(" ".join(cmd[1:]) + "\n")
         print(f"tip usefulness, {source} tips", flush=True)
         if run_command(cmd, run / "log.txt")[0] != 0 and not SIGNALS["received"]:

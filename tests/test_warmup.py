@@ -49,7 +49,8 @@ def held_out_nll(model, tokenizer, env, tasks) -> float:
             messages.append({"role": "user", "content": observation + (env.turn_reminder() if k else "")})
             prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             context = tokenizer.encode(prompt, add_special_tokens=False)
-            target = tokenizer.encode(action, add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+            end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
+            target = tokenizer.encode(action, add_special_tokens=False) + [end_of_turn]
             with torch.no_grad():
                 logits = model(input_ids=torch.tensor([context + target])).logits[0, len(context) - 1:-1]
             values += (-torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(target)[:, None])[:, 0]).tolist()
