@@ -38,6 +38,7 @@ import torch
 from config import ConfigError, config_help, load_config, split_cli, split_options, to_dict
 from envs import make_env
 from generation import ChatStream
+from losses import action_logprobs
 from models import load_policy, save_model
 from rollout import Episode, full_history_turn
 from runtime import derive_seed
@@ -76,10 +77,10 @@ def action_nll(model, episodes: list[Episode], device) -> list[torch.Tensor]:
     losses = []
     for ep in episodes:
         ids = torch.tensor([ep.ids], device=device)
-        targets = torch.tensor(ep.mask[1:], device=device, dtype=torch.bool)
-        logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), dim=-1)
-        token_logp = logp.gather(-1, ids[0, 1:, None])[:, 0]
-        losses.append(-token_logp[targets].mean())
+        predicts_action = torch.tensor(ep.mask[1:], device=device, dtype=torch.bool)  # position t predicts id t+1
+        logits = model(input_ids=ids).logits[0, :-1][predicts_action]  # the log-softmax only where it is used
+        logp, _ = action_logprobs(logits, ids[0, 1:][predicts_action])
+        losses.append(-logp.mean())
     return losses
 
 
