@@ -169,6 +169,10 @@ def check_resume(folder: Path, config: dict, world_size: int) -> None:
     if not saved_file.is_file():  # written before configs were saved with checkpoints
         return
     saved, now = _flatten(json.loads(saved_file.read_text())), _flatten(config)
+    # A key the code gained after the checkpoint was written (e.g. model.init_adapter) had, in effect, its default
+    # value in that run: resuming with the default continues the same run; any other value is a change.
+    defaults = _flatten(dataclasses.asdict(Config()))
+    saved.update({k: defaults[k] for k in now.keys() - saved.keys() if k in defaults})
     changed = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k) and k not in RESUMABLE_CHANGES)
     if changed:
         details = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed[:5])
