@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import yaml
 
-from config import Config, ConfigError
+from config import Config, ConfigError, to_dict
 from models import load_trainable, save_model
 from runtime import gather_objects, is_sharded
 
@@ -171,7 +171,7 @@ def check_resume(folder: Path, config: dict, world_size: int) -> None:
     saved, now = _flatten(json.loads(saved_file.read_text())), _flatten(config)
     # A key the code gained after the checkpoint was written (e.g. model.init_adapter) had, in effect, its default
     # value in that run: resuming with the default continues the same run; any other value is a change.
-    defaults = _flatten(dataclasses.asdict(Config()))
+    defaults = _flatten(to_dict(Config()))
     saved.update({k: defaults[k] for k in now.keys() - saved.keys() if k in defaults})
     changed = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k) and k not in RESUMABLE_CHANGES)
     if changed:

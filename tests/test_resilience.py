@@ -155,22 +155,20 @@ def test_resume_drops_the_interrupted_iterations_rows_and_refuses_a_changed_run(
 def test_a_checkpoint_older_than_a_config_key_resumes_with_its_default_and_refuses_another(tmp_path):
     """A checkpoint written before the code gained a key (its config.json lacks it) ran, in effect, with the key's
     default: resuming with the default continues it, resuming with another value is refused by name."""
-    import dataclasses
-
     from checkpoint import check_resume
-    from config import Config
+    from config import Config, to_dict
 
     folder = tmp_path / "iter_000001"
     folder.mkdir()
     (folder / "state.json").write_text(json.dumps({"iteration": 1, "world_size": 1}))
-    old = dataclasses.asdict(Config())
+    old = to_dict(Config())
     del old["model"]["init_adapter"]  # the code of this checkpoint had no such key
     (folder / "config.json").write_text(json.dumps(old))
-    check_resume(folder, dataclasses.asdict(Config()), world_size=1)
+    check_resume(folder, to_dict(Config()), world_size=1)
     changed = Config()
     changed.model.init_adapter = "/some/adapter"
     with pytest.raises(ConfigError, match="model.init_adapter: '' -> '/some/adapter'"):
-        check_resume(folder, dataclasses.asdict(changed), world_size=1)
+        check_resume(folder, to_dict(changed), world_size=1)
 
 
 def test_sigterm_finishes_the_iteration_checkpoints_and_exits_zero(tmp_path, tiny_folder):
