@@ -308,6 +308,18 @@ def curve(out: Path, arm: str, seed: int) -> dict[int, float]:
     return points
 
 
+def success_curve(out: Path, arm: str, seed: int) -> dict[int, float]:
+    """{iteration: validation success rate}, iteration 0 = the untrained model; the return is the registered metric,
+    this says whether a higher return came from solving tasks or only from fewer fatal endings."""
+    base = json.loads((out / "runs" / f"base_s{seed}" / "eval.json").read_text())
+    if "success_rate" not in base:
+        return {}
+    points = {0: base["success_rate"]}
+    points.update({r["iteration"]: r["val_success_rate"] for r in read_jsonl(out / "runs" / f"{arm}_s{seed}" /
+                                                                             "metrics.jsonl") if "val_success_rate" in r})
+    return points
+
+
 def area(points: dict[int, float]) -> float:
     """Area under the validation curve divided by its length: the trapezoid mean return over training."""
     its = sorted(points)
@@ -475,9 +487,11 @@ def summarise(out: Path, seeds: list[int]) -> dict:
             returns = [r["return_mean"] for run in rows for r in run if r["mode"] == mode]
             per_mode[mode] = {"iterations": len(returns), "return_mean": float(np.mean(returns)) if returns else None}
         its = sorted(set.intersection(*(set(c) for c in curves)))
+        successes = [success_curve(out, arm, s) for s in arm_seeds]
         result["arms"][arm] = {
             "seeds": arm_seeds, "iterations": its,
             "val_return": {str(i): [c[i] for c in curves] for i in its},
+            "val_success": {str(i): [c[i] for c in successes] for i in its if all(i in c for c in successes)},
             "final": [c[its[-1]] for c in curves], "auc": [area({i: c[i] for i in its}) for c in curves],
             "movement": movement({str(i): [c[i] for c in curves] for i in its}),
             "train_return_per_mode": per_mode,
@@ -611,6 +625,14 @@ def summary_markdown(summary: dict) -> str:
     for it in first["iterations"]:
         cells = [("%.1f ± %.1f" % mean_se(row["val_return"][str(it)])) if str(it) in row["val_return"] else "-"
                  for row in summary["arms"].values()]
+        lines.append(f"| {it} | " + " | ".join(cells) + " |")
+    lines += ["", "Validation success rate per iteration (share of the validation episodes that solved the task, "
+              "mean ± s.e. over seeds; not a registered metric: it says whether the return rose by solving tasks or "
+              "only by fewer fatal endings):", "",
+              "| iteration | " + " | ".join(summary["arms"]) + " |", "|---|" + "---|" * len(summary["arms"])]
+    for it in first["iterations"]:
+        cells = [("%.1f ± %.1f %%" % tuple(100 * v for v in mean_se(row["val_success"][str(it)])))
+                 if str(it) in row.get("val_success", {}) else "-" for row in summary["arms"].values()]
         lines.append(f"| {it} | " + " | ".join(cells) + " |")
     lines += ["", "Setting (every arm): `" + " ".join(summary["setting"]) + "`; each run's exact command is in "
               "runs/<arm>_s<seed>/command.txt.", ""]

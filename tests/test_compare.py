@@ -305,3 +305,22 @@ def test_command_use_agrees_with_the_environments_action_correction():
     use = compare.command_use([record, {"observations": ["no command list here"], "actions": ["x"]}])
     assert played >= 2 and use["steps"] == played
     assert use["own"] == sum(own[:played]) / played and use["no_word"] == sum(no_word[:played]) / played
+
+
+def test_the_validation_success_rate_is_summarised_per_iteration_with_iteration_0_from_the_base_run(tmp_path):
+    for seed, base, val in ((0, 0.25, (0.5, 0.0)), (1, 0.0, (0.25, 0.25))):
+        (tmp_path / "runs" / f"base_s{seed}").mkdir(parents=True)
+        (tmp_path / "runs" / f"base_s{seed}" / "eval.json").write_text(
+            json.dumps({"return_mean": 0.0, "success_rate": base}))
+        run = tmp_path / "runs" / f"grpo_s{seed}"
+        (run / "episodes").mkdir(parents=True)
+        (run / "config.yaml").write_text("train:\n  iterations: 10\n")
+        (run / "done.json").write_text('{"wall_seconds": 1.0}')
+        (run / "metrics.jsonl").write_text("".join(
+            json.dumps({"iteration": it, "mode": "no_memory", "return_mean": 0.0, "tips_retrieved": 0.0,
+                        "val_return_mean": 0.0, "val_success_rate": s}) + "\n" for it, s in zip((5, 10), val)))
+    summary = compare.summarise(tmp_path, [0, 1])
+    assert summary["arms"]["grpo"]["val_success"] == {"0": [0.25, 0.0], "5": [0.5, 0.25], "10": [0.0, 0.25]}
+    table = compare.summary_markdown(summary)
+    # iteration 5: mean 37.5 %, s.e. = std(0.5, 0.25, ddof 1) / sqrt(2) = 0.1768 / 1.414 = 12.5 %
+    assert "| 5 | 37.5 ± 12.5 % |" in table and "| 0 | 12.5 ± 12.5 % |" in table
