@@ -418,7 +418,24 @@ def command_use(records: list[dict]) -> dict:
             own += cleaned in commands
             no_word += cleaned not in commands and max(jaccard(cleaned, c) for c in commands) == 0
     share = lambda n: n / steps if steps else None  # noqa: E731
-    return {"steps": steps, "own": share(own), "no_word": share(no_word)}
+    return {"steps": steps, "own": share(own), "no_word": share(no_word), **episode_endings(records)}
+
+
+def episode_endings(records: list[dict]) -> dict:
+    """How the episode `records` end: solved ("success"), by a fatal command ("fatal": negative task return),
+    with a partial score ("partial": some stages done, the task unsolved, e.g. out of steps before the focus), and
+    the share whose policy wrote a focus command at all ("focus": the lab's and garden's last stage, the only command
+    besides the bare wire that can end an episode at -100). Records without a task return are not counted."""
+    records = [r for r in records if "extrinsic_return" in r]
+    if not records:
+        return {"episodes": 0, "success": None, "fatal": None, "partial": None, "focus": None}
+    from envs.scienceworld.prompts import clean_action
+
+    mean = lambda flags: float(np.mean(flags))  # noqa: E731
+    return {"episodes": len(records), "success": mean([bool(r["success"]) for r in records]),
+            "fatal": mean([r["extrinsic_return"] < 0 for r in records]),
+            "partial": mean([r["extrinsic_return"] > 0 and not r["success"] for r in records]),
+            "focus": mean([any(clean_action(a).startswith("focus on") for a in r["actions"]) for r in records])}
 
 
 def command_use_over_training(out: Path, arm: str, seeds: list[int]) -> dict[str, dict]:
@@ -586,6 +603,17 @@ def summary_markdown(summary: dict) -> str:
     for arm, row in summary["arms"].items():
         if "command_use" in row:
             lines.append(f"| {arm} | " + " | ".join(use(row["command_use"][stage]) for stage in stages) + " |")
+    lines += ["", "How the validation episodes end, before RL and at the last validation (the logged episodes, pooled "
+              "over seeds): solved / fatal (-100) / partial score (stages done, unsolved) / the policy wrote a focus "
+              "command (the last stage; a focus on the wrong lamp is fatal):", "",
+              "| arm | before RL: success / fatal / partial / focus | final: success / fatal / partial / focus |",
+              "|---|---|---|---|"]
+    ending = lambda e: "-" if not e.get("episodes") else (  # noqa: E731
+        " / ".join(share(e[k]) for k in ("success", "fatal", "partial", "focus")) + f" ({e['episodes']} episodes)")
+    for arm, row in summary["arms"].items():
+        if "command_use" in row:
+            lines.append(f"| {arm} | {ending(row['command_use']['untrained'])} | "
+                         f"{ending(row['command_use']['final_validation'])} |")
     lines += ["", "The update per mode (mean over the mode's iterations, pooled over seeds): action tokens whose "
               "importance ratio was clipped, tokens dropped by the low-probability mask (Eq. 2), approx KL(old || "
               "new), gradient norm, entropy. Off-policy, the ratio compares the tip-free policy with the tip-guided "

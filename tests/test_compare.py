@@ -324,3 +324,15 @@ def test_the_validation_success_rate_is_summarised_per_iteration_with_iteration_
     table = compare.summary_markdown(summary)
     # iteration 5: mean 37.5 %, s.e. = std(0.5, 0.25, ddof 1) / sqrt(2) = 0.1768 / 1.414 = 12.5 %
     assert "| 5 | 37.5 ± 12.5 % |" in table and "| 0 | 12.5 ± 12.5 % |" in table
+
+
+def test_episode_endings_count_success_fatal_partial_and_focus_by_hand():
+    record = lambda ret, success, actions: {"extrinsic_return": ret, "success": success, "actions": actions}  # noqa
+    records = [record(100.0, True, ["connect the red wire", "press the red button", "Focus on the red lamp."]),
+               record(-100.0, False, ["focus on the blue lamp"]),            # fatal, and it wrote a focus
+               record(66.0, False, ["connect the red wire", "press the red button", "look around", "look around"]),
+               record(0.0, False, ["look around"] * 4),                       # nothing: neither partial nor fatal
+               {"actions": ["focus on the red lamp"]}]                        # no task return: not counted
+    endings = compare.episode_endings(records)
+    assert endings == {"episodes": 4, "success": 0.25, "fatal": 0.25, "partial": 0.25, "focus": 0.5}
+    assert compare.episode_endings([])["episodes"] == 0
