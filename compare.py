@@ -363,6 +363,7 @@ def training_signal(runs: list[Path]) -> dict[str, dict]:
     silent = {mode: [] for mode in MODES}
     hits = {mode: [] for mode in MODES}
     fatal_by_quarter = {mode: {"first": [], "last": []} for mode in MODES}
+    endings_by_quarter = {mode: [[] for _ in range(4)] for mode in MODES}  # episode_endings per quarter of training
     for run in runs:
         config = yaml.safe_load((run / "config.yaml").read_text())  # one read: iterations and the novelty bonus
         iterations, intrinsic = int(config["train"]["iterations"]), config.get("intrinsic", {})
@@ -372,6 +373,7 @@ def training_signal(runs: list[Path]) -> dict[str, dict]:
             by_group: dict[tuple, list[tuple[float, float]]] = {}
             for record in read_jsonl(file):
                 episodes[record["mode"]].append(record["extrinsic_return"])
+                endings_by_quarter[record["mode"]][min(3, (iteration - 1) * 4 // iterations)].append(record)
                 if quarter:
                     fatal_by_quarter[record["mode"]][quarter].append(record["extrinsic_return"] < 0)
                 by_group.setdefault((record["mode"], record["group"]), []).append(
@@ -392,7 +394,8 @@ def training_signal(runs: list[Path]) -> dict[str, dict]:
             "silent_group_share": float(np.mean(silent[mode])) if silent[mode] else None,
             **{f"fatal_share_{q}_quarter": float(np.mean(fatal)) if fatal else None
                for q, fatal in fatal_by_quarter[mode].items()},
-            "tip_hit_rate": float(np.mean(hits[mode])) if hits[mode] and mode != "no_memory" else None}
+            "tip_hit_rate": float(np.mean(hits[mode])) if hits[mode] and mode != "no_memory" else None,
+            "endings_by_quarter": [episode_endings(records) for records in endings_by_quarter[mode]]}
     return out
 
 
@@ -614,6 +617,15 @@ def summary_markdown(summary: dict) -> str:
         if "command_use" in row:
             lines.append(f"| {arm} | {ending(row['command_use']['untrained'])} | "
                          f"{ending(row['command_use']['final_validation'])} |")
+    lines += ["", "What the training episodes do over training, per mode (quarters of each run's iterations, pooled "
+              "over seeds): the share that wrote a focus command, and the share solved:", "",
+              "| arm | mode | wrote a focus: quarter 1 / 2 / 3 / 4 | solved: quarter 1 / 2 / 3 / 4 |", "|---|---|---|---|"]
+    for arm, row in summary["arms"].items():
+        for mode, sig in row.get("training_signal", {}).items():
+            quarters = sig.get("endings_by_quarter")
+            if sig["episodes"] and quarters:
+                lines.append(f"| {arm} | {mode} | " + " / ".join(share(q["focus"]) for q in quarters) + " | "
+                             + " / ".join(share(q["success"]) for q in quarters) + " |")
     lines += ["", "The update per mode (mean over the mode's iterations, pooled over seeds): action tokens whose "
               "importance ratio was clipped, tokens dropped by the low-probability mask (Eq. 2), approx KL(old || "
               "new), gradient norm, entropy. Off-policy, the ratio compares the tip-free policy with the tip-guided "

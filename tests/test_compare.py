@@ -91,12 +91,14 @@ def test_training_signal_counts_fatal_staged_and_flat_groups_per_mode(tmp_path):
         (run / "episodes").mkdir(parents=True, exist_ok=True)
         (run / "episodes" / name).write_text("".join(json.dumps(r) + "\n" for r in records))
 
-    def ep(mode, group, ret, novelty=()):  # novelty: the per-step bonuses 1/n_t
-        return {"mode": mode, "group": group, "extrinsic_return": ret, "intrinsic": list(novelty)}
+    def ep(mode, group, ret, novelty=(), actions=()):  # novelty: the per-step bonuses 1/n_t
+        return {"mode": mode, "group": group, "extrinsic_return": ret, "intrinsic": list(novelty),
+                "success": ret == 100.0, "actions": list(actions)}
 
     a, b = tmp_path / "a", tmp_path / "b"
     write(a, "iter_000001_rank0.jsonl", [ep("no_memory", 0, 0.0), ep("no_memory", 0, 0.0),      # flat
-                                         ep("no_memory", 1, -100.0), ep("no_memory", 1, 33.0)])  # not flat
+                                         ep("no_memory", 1, -100.0, actions=["focus on the blue lamp"]),
+                                         ep("no_memory", 1, 33.0)])  # not flat
     write(a, "iter_000002_rank0.jsonl", [ep("off_policy", 0, 66.0), ep("off_policy", 0, 66.0)])  # flat
     write(a, "val_000005.jsonl", [ep("no_memory", 0, -100.0)])  # validation: not training signal
     write(b, "iter_000001_rank0.jsonl", [ep("no_memory", 0, -100.0), ep("no_memory", 0, -100.0)])  # flat
@@ -109,6 +111,13 @@ def test_training_signal_counts_fatal_staged_and_flat_groups_per_mode(tmp_path):
                                      '{"mode": "off_policy", "tip_hit_rate": 0.5}\n')
     (b / "metrics.jsonl").write_text('{"mode": "off_policy", "tip_hit_rate": 1.0}\n')
     signal = compare.training_signal([a, b])
+    # quarters by (iteration - 1) * 4 // iterations: a's iterations 1 and 2 of 8 and b's 1 of 4 in the first, b's 4
+    # in the last; no memory, first quarter: 0, 0, -100 (wrote a focus), 33, -100, -100
+    quarters = signal["no_memory"].pop("endings_by_quarter")
+    assert quarters[0] == {"episodes": 6, "success": 0.0, "fatal": 3 / 6, "partial": 1 / 6, "focus": 1 / 6}
+    assert quarters[1]["episodes"] == quarters[2]["episodes"] == 0
+    assert quarters[3] == {"episodes": 2, "success": 0.0, "fatal": 0.0, "partial": 0.0, "focus": 0.0}
+    assert [q["episodes"] for q in signal["off_policy"].pop("endings_by_quarter")] == [2, 0, 0, 0]
     # no memory: returns 0, 0, -100, 33 (a, iteration 1), -100, -100 (b, 1), 0, 0 (b, 4); groups flat, not flat,
     # flat, flat (b's iteration 4 only in its task return: bonuses 0.1 x 1.5 and 0.1 x 1 give the episodes different
     # advantages, so 2 of 4 groups are silent); first quarters: a's iteration 1 and b's 1 (3 of 6 fatal), last
