@@ -685,12 +685,19 @@ def plot(out: Path, summary: dict) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(17, 4.2))
     for (arm, row), colour in zip(summary["arms"].items(), ("tab:blue", "tab:orange", "tab:green", "tab:purple")):
         its = row["iterations"]
         stats = np.array([mean_se(row["val_return"][str(i)]) for i in its])
         left.plot(its, stats[:, 0], "-o", ms=3, c=colour, label=f"{arm} ({len(row['seeds'])} seeds)")
         left.fill_between(its, stats[:, 0] - stats[:, 1], stats[:, 0] + stats[:, 1], color=colour, alpha=0.2)
+        logged = [i for i in its if str(i) in row.get("val_success", {})]
+        if logged:
+            rate = 100 * np.array([mean_se(row["val_success"][str(i)]) for i in logged])
+            middle.plot(logged, rate[:, 0], "-o", ms=3, c=colour, label=arm)
+            middle.fill_between(logged, rate[:, 0] - rate[:, 1], rate[:, 0] + rate[:, 1], color=colour, alpha=0.2)
+    middle.set(xlabel="training iteration", ylabel="validation success rate (%)",
+               title="solved held-out episodes, mean ± s.e.")
     left.set(xlabel="training iteration", ylabel="validation return (no memory)",
              title=f"{summary.get('setting_name') or setting_name(summary['setting'])}: held-out variations, "
                    "mean ± s.e. over seeds")
