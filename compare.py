@@ -30,8 +30,8 @@ reached a stage, groups with no task signal, tip hit rate, and per quarter of tr
 wrote a focus command and that were solved), whether the policy writes a listed command itself or the environment's
 action correction picks one for it (`command_use`), and how validation episodes end before RL and at the end
 (`episode_endings`: solved, fatal, partial score, wrote a focus) with the validation success rate per iteration
-(compare.png's middle panel): the measurements behind a verdict either way. The registered metric is the return; the
-success rate says whether a higher return came from solving tasks or only from fewer fatal endings.
+(compare.png's middle panel; the registered metric is the return, the success rate says whether it rose by solving
+tasks or only by fewer fatal endings): the measurements behind a verdict either way.
 
 `--jobs N` runs N runs at once, each process with OMP_NUM_THREADS and --train.torch_threads = cores // N (at least 1;
 the sanity configs' own torch_threads would override OMP_NUM_THREADS and oversubscribe the cores): a 135M model's decode
