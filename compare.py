@@ -26,12 +26,10 @@ checkpoints are then deleted: `eval.py --checkpoint=runs/<arm>_s<seed>/final` re
 curve is the untrained model (runs/base_s<seed>/, the same for every arm). `summary` writes summary.json, summary.md
 and compare.png: per arm the final and area-under-curve validation return, the differences to GRPO with their tests,
 the tip-usefulness table, and the training signal per memory mode (`training_signal`: fatal episodes, episodes that
-reached a stage, groups with no task signal, tip hit rate, and per quarter of training the share of episodes that
-wrote a focus command and that were solved), whether the policy writes a listed command itself or the environment's
-action correction picks one for it (`command_use`), and how validation episodes end before RL and at the end
-(`episode_endings`: solved, fatal, partial score, wrote a focus) with the validation success rate per iteration
-(compare.png's middle panel; the registered metric is the return, the success rate says whether it rose by solving
-tasks or only by fewer fatal endings): the measurements behind a verdict either way.
+reached a stage, groups with no task signal, tip hit rate, per quarter of training the shares that wrote a focus and
+that were solved), whether the policy writes a listed command itself (`command_use`), how validation episodes end
+before RL and at the end (`episode_endings`) and the validation success rate per iteration (compare.png's middle
+panel: did the registered return rise by solving tasks or by fewer fatal endings?): the measurements behind a verdict.
 
 `--jobs N` runs N runs at once, each process with OMP_NUM_THREADS and --train.torch_threads = cores // N (at least 1;
 the sanity configs' own torch_threads would override OMP_NUM_THREADS and oversubscribe the cores): a 135M model's decode
