@@ -302,23 +302,16 @@ def welch_t(a, b) -> tuple[float, float]:
         (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1)))
 
 
-def curve(out: Path, arm: str, seed: int) -> dict[int, float]:
-    """{iteration: validation return}, iteration 0 = the untrained model."""
-    points = {0: json.loads((out / "runs" / f"base_s{seed}" / "eval.json").read_text())["return_mean"]}
-    points.update({r["iteration"]: r["val_return_mean"] for r in read_jsonl(out / "runs" / f"{arm}_s{seed}" /
-                                                                            "metrics.jsonl") if "val_return_mean" in r})
-    return points
-
-
-def success_curve(out: Path, arm: str, seed: int) -> dict[int, float]:
-    """{iteration: validation success rate}, iteration 0 = the untrained model; the return is the registered metric,
-    this says whether a higher return came from solving tasks or only from fewer fatal endings."""
+def curve(out: Path, arm: str, seed: int, metric: str = "return_mean") -> dict[int, float]:
+    """{iteration: validation `metric`}, iteration 0 = the untrained model ({} where its evaluation lacks the metric).
+    The return is the registered metric; "success_rate" says whether it rose by solving tasks or by fewer fatal
+    endings."""
     base = json.loads((out / "runs" / f"base_s{seed}" / "eval.json").read_text())
-    if "success_rate" not in base:
+    if metric not in base:
         return {}
-    points = {0: base["success_rate"]}
-    points.update({r["iteration"]: r["val_success_rate"] for r in read_jsonl(out / "runs" / f"{arm}_s{seed}" /
-                                                                             "metrics.jsonl") if "val_success_rate" in r})
+    points = {0: base[metric]}
+    points.update({r["iteration"]: r[f"val_{metric}"] for r in read_jsonl(out / "runs" / f"{arm}_s{seed}" /
+                                                                          "metrics.jsonl") if f"val_{metric}" in r})
     return points
 
 
@@ -423,7 +416,7 @@ def command_use(records: list[dict]) -> dict:
             own += cleaned in commands
             no_word += cleaned not in commands and max(jaccard(cleaned, c) for c in commands) == 0
     share = lambda n: n / steps if steps else None  # noqa: E731
-    return {"steps": steps, "own": share(own), "no_word": share(no_word), **episode_endings(records)}
+    return {"steps": steps, "own": share(own), "no_word": share(no_word)}
 
 
 def episode_endings(records: list[dict]) -> dict:
@@ -444,8 +437,8 @@ def episode_endings(records: list[dict]) -> dict:
 
 
 def command_use_over_training(out: Path, arm: str, seeds: list[int]) -> dict[str, dict]:
-    """command_use of an arm's runs pooled over `seeds`: the untrained model's logged validation episodes, the
-    training episodes of the first and of the last quarter of the iterations, the last validation's logged episodes."""
+    """command_use and episode_endings of an arm's runs pooled over `seeds`: the untrained model's logged validation
+    episodes, the training episodes of the first and of the last quarter, the last validation's logged episodes."""
     stages = {"untrained": [], "first_quarter": [], "last_quarter": [], "final_validation": []}
     for seed in seeds:
         run = out / "runs" / f"{arm}_s{seed}"
@@ -457,7 +450,7 @@ def command_use_over_training(out: Path, arm: str, seeds: list[int]) -> dict[str
                 stages[f"{quarter}_quarter"] += read_jsonl(file)
         validations = sorted((run / "episodes").glob("val_*.jsonl"))
         stages["final_validation"] += read_jsonl(validations[-1]) if validations else []
-    return {stage: command_use(records) for stage, records in stages.items()}
+    return {stage: {**command_use(records), **episode_endings(records)} for stage, records in stages.items()}
 
 
 def advantage_key(record: dict, intrinsic: dict) -> tuple[float, float]:
@@ -509,7 +502,7 @@ def summarise(out: Path, seeds: list[int]) -> dict:
             returns = [r["return_mean"] for run in rows for r in run if r["mode"] == mode]
             per_mode[mode] = {"iterations": len(returns), "return_mean": float(np.mean(returns)) if returns else None}
         its = sorted(set.intersection(*(set(c) for c in curves)))
-        successes = [success_curve(out, arm, s) for s in arm_seeds]
+        successes = [curve(out, arm, s, "success_rate") for s in arm_seeds]
         result["arms"][arm] = {
             "seeds": arm_seeds, "iterations": its,
             "val_return": {str(i): [c[i] for c in curves] for i in its},
@@ -621,7 +614,8 @@ def summary_markdown(summary: dict) -> str:
                          f"{ending(row['command_use']['final_validation'])} |")
     lines += ["", "What the training episodes do over training, per mode (quarters of each run's iterations, pooled "
               "over seeds): the share that wrote a focus command, and the share solved:", "",
-              "| arm | mode | wrote a focus: quarter 1 / 2 / 3 / 4 | solved: quarter 1 / 2 / 3 / 4 |", "|---|---|---|---|"]
+              "| arm | mode | wrote a focus: quarter 1 / 2 / 3 / 4 | solved: quarter 1 / 2 / 3 / 4 |",
+              "|---|---|---|---|"]
     for arm, row in summary["arms"].items():
         for mode, sig in row.get("training_signal", {}).items():
             quarters = sig.get("endings_by_quarter")
