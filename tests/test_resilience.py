@@ -269,16 +269,18 @@ def test_a_full_fine_tune_resumes_against_the_initial_reference(tmp_path, tiny_f
     """model.lora=false with the KL term: the reference copy is frozen, the optimizer never sees it, it still holds
     the initial weights after training, and a resumed run reloads it from model.name_or_path (checkpoints do not
     store it), so iteration 2's kl_ref after a resume equals that of an uninterrupted run (a reference built from the
-    checkpoint's trained weights would give another kl_ref)."""
+    checkpoint's trained weights would give another kl_ref). Iteration 2's gradient, whole and resumed, is the KL
+    term's: kl_coef x grad KL(pi || pi_ref), computed independently (tests/kl_gradient.py)."""
     import math
 
     import torch
     from transformers import AutoModelForCausalLM
 
     import train as trainer
+    from kl_gradient import watch
 
-    seen = {"references": [], "optimizers": []}
-    real_update, real_load = trainer.update, trainer.load_reference
+    seen = {"references": [], "optimizers": [], "kl_gradients": []}
+    real_update, real_load = watch(trainer.update, seen["kl_gradients"]), trainer.load_reference
 
     def load_reference(*args, **kwargs):
         seen["references"].append(real_load(*args, **kwargs))
@@ -303,6 +305,10 @@ def test_a_full_fine_tune_resumes_against_the_initial_reference(tmp_path, tiny_f
 
     assert without_times(cut) == without_times(whole)
     assert all(math.isfinite(r["kl_ref"]) for r in rows(whole)) and rows(whole)[1]["kl_ref"] > 0
+    # Iteration 2 (whole run, resumed run): one optimizer step whose gradient is the KL term's alone, as it should be.
+    for calls in (seen["kl_gradients"][1], seen["kl_gradients"][3]):
+        assert len(calls) == 1 and calls[0]["advantages_zero"] and calls[0]["branch_free"], calls
+        assert calls[0]["expected"] > 1e-6 and calls[0]["rel_error"] < 1e-4, calls
     initial = AutoModelForCausalLM.from_pretrained(tiny_folder).state_dict()
     optimized = {id(p) for params in seen["optimizers"] for p in params}  # all alive: no id is reused
     for reference in seen["references"]:
