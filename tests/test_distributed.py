@@ -176,14 +176,19 @@ def test_fsdp_full_fine_tune_trains_with_a_sharded_kl_reference(tmp_path, tiny_f
     """model.lora=false, loss.kl_coef=0.01 under FSDP2 on 2 CPU processes: the frozen reference copy is sharded like
     the policy and scored inside its own full_weights (ranks hold different numbers of samples, no lockstep). Two
     iterations train; kl_ref is finite, and positive once the policy has moved from the initial weights (the random
-    tiny model plays identical episodes, so weight decay moves it)."""
+    tiny model plays identical episodes, so weight decay moves it). Iteration 2's gradient, gathered from the
+    shards, is kl_coef x grad KL(pi || pi_ref) over both ranks' steps, computed independently (tests/kl_gradient.py)."""
     config = launch_config(tmp_path)
     out = tmp_path / "run"
     args = TRAIN_ARGS + [f"--model.name_or_path={tiny_folder}", f"--output_dir={out}", "--train.iterations=2",
                          "--train.eval_every=0", "--train.save_every=0", "--loss.kl_coef=0.01", "--train.lr=1e-3",
                          "--train.weight_decay=10"]
-    proc = run([ACCELERATE, "launch", "--config_file", config, "train.py", *args], 300)
+    gradients = tmp_path / "kl_gradients.json"
+    proc = run([ACCELERATE, "launch", "--config_file", config, "tests/kl_gradient.py", str(gradients), *args], 300)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    calls = json.loads(gradients.read_text())[1]  # iteration 2: the policy has moved from pi_ref
+    assert len(calls) == 1 and calls[0]["advantages_zero"] and calls[0]["branch_free"], calls
+    assert calls[0]["expected"] > 1e-6 and calls[0]["rel_error"] < 1e-4, calls
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [1, 2] and all(r["optimizer_steps"] > 0 for r in rows)
     assert all(math.isfinite(r["kl_ref"]) for r in rows) and rows[1]["kl_ref"] > 0
