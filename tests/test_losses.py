@@ -267,19 +267,21 @@ def test_novelty_on_random_groups_keeps_order_sign_ties_lone_members_and_lineari
     for i, g in enumerate(groups):
         members.setdefault(g, []).append(i)
     above, equal, lone = [], [], []  # (i, j): i must end strictly above j / level with j; i alone with its score
+    flat = []  # i's whole tie class has one novelty: the term is centred in the class, so it is 0
     for group in members.values():
         for i in group:
             tied = [j for j in group if scores[j] == scores[i]]
             lone += [i] if len(tied) == 1 else []
+            flat += [i] if len(tied) > 1 and len({bonuses[j] for j in tied}) == 1 else []
             above += [(i, j) for j in group if (scores[i], bonuses[i]) > (scores[j], bonuses[j])]
             equal += [(i, j) for j in tied if j > i and bonuses[j] == bonuses[i]]
-    assert len(lone) > 500 and len(equal) > 500  # every case occurs often
+    assert len(lone) > 500 and len(equal) > 500 and len(flat) > 40  # every case occurs often
     terms = {}
     for coef in (0.05, 0.1, 0.2, 0.5, 0.9):
         adv = novelty_advantages(base, bonuses, scores, groups, coef=coef)
         terms[coef] = [x - b for x, b in zip(adv, base)]
         assert all(adv[i] > adv[j] for i, j in above), coef  # scores first, then novelty among ties
-        assert all(adv[i] == adv[j] for i, j in equal) and all(adv[i] == base[i] for i in lone)
+        assert all(adv[i] == adv[j] for i, j in equal) and all(adv[i] == base[i] for i in lone + flat)
         assert all(x * b > 0 for x, b in zip(adv, base) if b != 0.0), coef  # no sign flipped
     assert sum(t != 0.0 for t in terms[0.1]) > len(scores) / 2  # the term is not vacuous
     for coef in (0.05, 0.2, 0.5, 0.9):  # the paper's x0.5 / x2 ablation is a coef change
