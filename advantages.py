@@ -6,9 +6,10 @@ Paper map (arXiv 2602.23008; the equations are written out in docs/algorithm.md)
                           of one task row), std unbiased as in the reference. R_i is the score (with
                           intrinsic.combine=return also + coef * B_i).
 * `novelty_advantages`  - §4.2's novelty bonus, which really reaches the advantage (the reference release computes it
-                          and then ignores it): A_i += coef * (B_i - group mean), B_i = sum_t 1/n_t (rollout.py,
-                          memory.py), centred but not std-normalised, so a tie on the score goes to the explorer and
-                          a real score difference still decides (docs/algorithm.md).
+                          and then ignores it), as a tie-breaker: B_i = sum_t 1/n_t (rollout.py, memory.py),
+                          centred among the episodes tied on i's score and bounded so that it orders them by
+                          exploration but never reorders scores or flips a score advantage's sign
+                          (docs/algorithm.md §6).
 * `gigpo_step_advantages` (with `discounted_returns`, `anchor_state_advantages`, `pool_normalise`) - optional
                           (`loss.advantage: gigpo`), not in the paper: GiGPO (Feng et al. 2025, the WebShop anchor)
                           as verl-agent computes it, one advantage per step sample = episode level + weight x step
@@ -23,6 +24,8 @@ a group whose returns are all equal has no signal (0, never NaN). The trainer ca
 (train.py); the objective that consumes them is losses.py.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -115,7 +118,7 @@ def gigpo_step_advantages(step_rewards: list[list[float]], penalties: list[list[
     0 too, but a one-member episode pool keeps its raw score and a zero-std pool divides by eps alone; in
     "episode" mode this also drops the episode-level penalty of a row whose group's pool is all equal).
 
-    Returns (advantages[i][t], the number of rows whose step-level advantage is not 0)."""
+    Returns (advantages[i][t], the number of rows whose step-level advantage is not 0 and counts: 0 at weight 0)."""
     if episode_stats not in ("step", "episode"):
         raise ValueError(f"episode_stats must be 'step' or 'episode', not {episode_stats!r}")
     n = len(step_rewards)
@@ -150,25 +153,49 @@ def gigpo_step_advantages(step_rewards: list[list[float]], penalties: list[list[
     step_level = anchor_state_advantages(anchors, [s.tolist() for s in step_scores], group_ids, eps, divide_std)
     advantages = [[float(e) + weight * s for e, s in zip(ep_level.tolist(), st_level)]
                   for ep_level, st_level in zip(episode_level, step_level)]
-    credited = sum(value != 0.0 for st_level in step_level for value in st_level)
+    # rows whose step-level credit reaches the advantage (none at weight 0: GRPO as verl-agent runs it)
+    credited = sum(value != 0.0 for st_level in step_level for value in st_level) if weight else 0
     return advantages, credited
 
 
-def novelty_advantages(advantages: list, bonuses: list[float], group_ids: list, coef: float) -> list:
-    """A_i + coef * (B_i - mean_j B_j) within each group (intrinsic.combine = "advantage", the default).
+def novelty_advantages(advantages: list, bonuses: list[float], scores: list[float], group_ids: list, coef: float,
+                       eps: float = 1e-6, divide_std: bool = True) -> list:
+    """Add EMPO²'s novelty term (intrinsic.combine = "advantage", the default) as a tie-breaker that never overturns
+    the score: A_i += coef * h_c * tanh(B_i - mean of B over c), with 0 <= coef < 1.
 
-    advantages[i]: episode i's score advantage (or one per step: the same term is added to each); bonuses[i]: its
-    novelty B_i = sum_t 1/n_t, in units of "new states" (a state never seen before pays 1). The bonus is centred in
-    the group but NOT divided by its std: one new state more than the group's average is worth `coef` advantage
-    units, whatever the group, while a real score difference is worth about +-1 (std-normalised). So ties on the
-    score are broken by exploration, tiny bonus differences stay tiny, and the score decides otherwise."""
+    advantages[i]: episode i's score advantage, or one per step (GiGPO: the same term is added to each); bonuses[i]:
+    its novelty B_i = sum_t 1/n_t in new states; scores[i]: the score its group advantage was computed from. c is
+    i's tie class: the episodes of its group with exactly its score. a_c = the class's GRPO level, (score - group
+    mean) / (std + eps) (divide_std=False: only centred, as GiGPO "w/o std"); h_c = min(gap_c / 2, |a_c|), gap_c
+    = the distance to the nearest other level in the group (gap_c / 2 alone where a_c = 0; 1 where the whole group
+    ties). A class of one, or a group of one, gets no term. Hence, within a group:
+    * more new states than a tied episode => a larger advantage (strictly, until tanh rounds to 1 past ~19 states);
+    * a higher score => a strictly higher level + term: each of two classes moves by < gap / 2 (coef < 1);
+    * a score level never changes sign: the term is < |a_c| in size;
+    * the term is linear in coef (the paper's x0.5 / x2 ablation is intrinsic.coef x0.5 / x2).
+    With per-step advantages (GiGPO) these hold for the episode's score level a_c, not for each step's value."""
+    if not 0.0 <= coef < 1.0:  # coef >= 1 could move a level by its full gap or size
+        raise ValueError(f"novelty coef must be in [0, 1), got {coef}")
     groups: dict = {}
     for index, gid in enumerate(group_ids):
         groups.setdefault(gid, []).append(index)
     out = list(advantages)
     for members in groups.values():
-        mean = sum(bonuses[i] for i in members) / len(members)
+        classes: dict = {}
         for i in members:
-            extra = coef * (bonuses[i] - mean) if len(members) > 1 else 0.0
-            out[i] = [a + extra for a in out[i]] if isinstance(out[i], list) else out[i] + extra
+            classes.setdefault(scores[i], []).append(i)
+        if len(members) == len(classes):  # no ties: nothing to break
+            continue
+        group_scores = torch.tensor([scores[i] for i in members], dtype=torch.float64)
+        level = dict(zip(group_scores.tolist(), pool_normalise(group_scores, group_scores, eps, divide_std).tolist()))
+        for score, tied in classes.items():
+            if len(tied) < 2:
+                continue
+            a = level[score]
+            gap = min((abs(a - level[other]) for other in classes if other != score), default=None)
+            h = 1.0 if gap is None else (gap / 2 if a == 0.0 else min(gap / 2, abs(a)))
+            mean = sum(bonuses[i] for i in tied) / len(tied)
+            for i in tied:
+                extra = coef * h * math.tanh(bonuses[i] - mean)
+                out[i] = [v + extra for v in out[i]] if isinstance(out[i], list) else out[i] + extra
     return out

@@ -153,10 +153,10 @@ class MemoryConfig:
 class IntrinsicConfig:
     # The novelty bonus B_i = sum_t 1/n_t (n_t: visits of the state step t reached; a new state pays 1) and its
     # weight (docs/algorithm.md "Novelty bonus"; paper ablation x0.5 / x2 = this coef x0.5 / x2; 0 = off).
-    # combine "advantage": A_i = A_score,i + coef * (B_i - group mean of B): coef = advantage units per new state
-    # beyond the group's average, while a real score difference is worth about +-1; ties on the score go to the
-    # explorer, noise-sized bonus differences stay noise-sized. combine "return": R_i = score + coef * B_i,
-    # normalised together (the bonus then decides every tie at full size, whatever its size).
+    # combine "advantage": A_i += coef * h * tanh(B_i - mean of B among the group's episodes with i's score), h
+    # bounded by i's score advantage and half its gap to the next one, 0 <= coef < 1: among tied scores more new
+    # states win; a higher score always keeps a higher advantage and no score advantage changes sign.
+    # combine "return": R_i = score + coef * B_i, normalised together (the bonus then decides every tie at full size).
     coef: float = 0.1
     combine: str = "advantage"  # advantage | return
     # "sum" over steps (more new states => more bonus) or "mean" (novelty density: favours short failures in rare
@@ -271,6 +271,9 @@ class Config:
         for key, (value, allowed) in choices.items():
             if value not in allowed:
                 raise ConfigError(f"{key}={value!r} is not one of {sorted(allowed)}")
+        if self.intrinsic.combine == "advantage" and not 0 <= self.intrinsic.coef < 1:  # a tie-breaker only
+            raise ConfigError(f"intrinsic.coef must be in [0, 1) with intrinsic.combine=advantage (at 1 the novelty "
+                              f"term could reach the gap between two scores), got {self.intrinsic.coef}")
         if self.loss.kl_coef < 0:  # a negative coefficient would reward moving away from the reference
             raise ConfigError(f"loss.kl_coef must be >= 0 (0 = no KL term), got {self.loss.kl_coef}")
         if self.model.init_adapter and not self.model.lora:

@@ -349,18 +349,22 @@ def train(cfg: Config) -> dict:
             groups = [ep.group for ep in played]
             if cfg.loss.advantage == "gigpo":  # GiGPO as verl-agent computes it: one advantage per step (losses.py)
                 joint = cfg.intrinsic.combine == "return"
+                raw = [[r + p for r, p in zip(ep.rewards, ep.penalties)] for ep in played]  # rewards without penalty
+                scores = [sum(r) for r in raw]  # R_i, what the episode level compares (before each row's penalty)
                 advantages, credited = gigpo_step_advantages(
-                    [[r + p for r, p in zip(ep.rewards, ep.penalties)] for ep in played],
-                    [ep.penalties for ep in played], [ep.anchors for ep in played], groups,
+                    raw, [ep.penalties for ep in played], [ep.anchors for ep in played], groups,
                     gamma=cfg.loss.gigpo_gamma, weight=cfg.loss.gigpo_weight, divide_std=cfg.loss.gigpo_divide_std,
                     episode_stats=cfg.loss.gigpo_episode_stats, eps=cfg.loss.advantage_eps,
                     episode_bonus=[intrinsic_return(ep, cfg.intrinsic) if joint else 0.0 for ep in played])
                 counts["steps_with_anchor_credit"] = float(credited)
             else:
-                advantages = group_advantages(list(returns.values()), groups, cfg.loss.advantage_eps)
-            if cfg.intrinsic.combine == "advantage" and cfg.intrinsic.coef:  # + coef x centred novelty (losses.py)
-                advantages = novelty_advantages(advantages, [novelty_bonus(ep, cfg.intrinsic) for ep in played], groups,
-                                                cfg.intrinsic.coef)
+                scores = list(returns.values())
+                advantages = group_advantages(scores, groups, cfg.loss.advantage_eps)
+            if cfg.intrinsic.combine == "advantage" and cfg.intrinsic.coef:  # novelty breaks ties on the score
+                advantages = novelty_advantages(
+                    advantages, [novelty_bonus(ep, cfg.intrinsic) for ep in played], scores, groups, cfg.intrinsic.coef,
+                    eps=cfg.loss.advantage_eps,
+                    divide_std=cfg.loss.advantage != "gigpo" or cfg.loss.gigpo_divide_std)
             samples = build_samples(played, advantages, off_policy_old_logp=cfg.loss.off_policy_old_logp,
                                     aggregation=cfg.loss.aggregation, old_logp_source=cfg.loss.old_logp_source,
                                     branch_packing=cfg.train.branch_packing and branches_supported(model))

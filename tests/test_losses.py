@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from advantages import (anchor_state_advantages, discounted_returns, grpo_advantages, group_advantages,
-                        novelty_advantages)
+from advantages import (anchor_state_advantages, discounted_returns, gigpo_step_advantages, grpo_advantages,
+                        group_advantages, novelty_advantages)
 from losses import action_logprobs, action_runs, clipped_policy_loss, loss_weights
 
 
@@ -174,6 +174,15 @@ def test_gigpo_step_advantages_by_hand():
     assert group_advantages([2.0, 0.0, 4.0, 1.0], groups, divide_std=False) == pytest.approx([0.0, -2.0, 2.0, 0.0])
 
 
+def test_gigpo_counts_no_anchor_credit_at_step_weight_zero():
+    """Anchor S: episode a's return from S is 1, b's 0 -> both rows get step credit at weight 1, none reaches the
+    advantage at weight 0 (GRPO as verl-agent runs it), so steps_with_anchor_credit reports 0."""
+    args = ([[0.0, 1.0], [0.0, 0.0]], [[0.0, 0.0], [0.0, 0.0]], [["S", "P"], ["S", "Q"]], [0, 0])
+    assert gigpo_step_advantages(*args, gamma=1.0, weight=1.0, divide_std=False)[1] == 2
+    adv, credited = gigpo_step_advantages(*args, gamma=1.0, weight=0.0, divide_std=False)
+    assert credited == 0 and adv == [[0.5, 0.5], [-0.5, -0.5]]
+
+
 def test_gigpo_needs_per_step_samples():
     from config import ConfigError, load_config
 
@@ -189,32 +198,114 @@ FAST_FAILURE = [0.1]  # one step into a rare state, then the episode ends: sum 0
 
 
 def test_novelty_tie_on_the_score_goes_to_the_explorer():
-    """Both episodes fail at -100. Default form: B = sum_t 1/n_t, A = A_score + 0.1 (B - mean B). By hand:
-    B = 1.5405 and 0.1, mean 0.82025, A_score = 0 (a tie) -> A = +-0.1 x 0.72025 = +-0.072025."""
+    """Both episodes fail at -100: one tie class (the whole group), so h = 1 and A = 0.1 tanh(B - mean B). By hand:
+    B = 1.5405 and 0.1, mean 0.82025 -> A = +-0.1 tanh(0.72025) = +-0.061706."""
     bonuses = [sum(EXPLORER), sum(FAST_FAILURE)]
-    adv = novelty_advantages(group_advantages([-100.0, -100.0], [0, 0]), bonuses, [0, 0], coef=0.1)
-    assert adv == pytest.approx([0.072025, -0.072025], abs=1e-9)
+    adv = novelty_advantages(group_advantages([-100.0, -100.0], [0, 0]), bonuses, [-100.0] * 2, [0, 0], coef=0.1)
+    assert adv == pytest.approx([0.1 * math.tanh(0.72025), -0.1 * math.tanh(0.72025)], abs=1e-9)
+    assert adv[0] == pytest.approx(0.061706, abs=1e-6)
     # The former form (R = score + coef x mean_t 1/n_t, normalised together) gave the fast failure the full +0.707.
     means = [sum(EXPLORER) / len(EXPLORER), sum(FAST_FAILURE) / len(FAST_FAILURE)]  # 0.05135 vs 0.1
     old = group_advantages([-100.0 + means[0], -100.0 + means[1]], [0, 0])
     assert old[0] == pytest.approx(-1 / math.sqrt(2), abs=1e-4) and old[1] == pytest.approx(1 / math.sqrt(2), abs=1e-4)
 
 
-def test_novelty_never_outweighs_a_real_score_difference_at_the_chosen_weight():
-    """The explorer scores 0, the fast failure 10: A_score = -+5 / 7.0711 = -+0.70711, novelty +-0.072025, so the
-    score decides: -0.635085 and +0.635085."""
-    bonuses = [sum(EXPLORER), sum(FAST_FAILURE)]
-    adv = novelty_advantages(group_advantages([0.0, 10.0], [0, 0]), bonuses, [0, 0], coef=0.1)
+def novelty(scores, bonuses, coef, groups=None):
+    """Score advantages (GRPO) + the novelty term, as train.py combines them."""
+    groups = groups or [0] * len(scores)
+    return novelty_advantages(group_advantages(scores, groups), bonuses, scores, groups, coef=coef)
+
+
+@pytest.mark.parametrize("coef", [0.1, 0.2])
+def test_novelty_breaks_ties_and_never_overturns_a_score_by_hand(coef):
+    """A_i += coef h_c tanh(B_i - mean of B over i's tie class c), h_c = min(gap_c / 2, |a_c|) (1: one class)."""
+    # G1: all at -100, B = [5, 1, 1, 1]: one class, h = 1, mean B 2 -> the explorer coef tanh(3), the others
+    # coef tanh(-1); the explorer gets the largest advantage.
+    g1 = novelty([-100.0] * 4, [5.0, 1.0, 1.0, 1.0], coef)
+    assert g1 == pytest.approx([coef * math.tanh(3.0)] + [-coef * math.tanh(1.0)] * 3, abs=1e-12)
+    assert g1[0] > max(g1[1:])
+    # G2: scores 0 / 10 with B = [30, 0]: two lone classes, no term: -+5 / (sqrt(50) + eps), the score decides.
     a = 5 / (math.sqrt(50) + 1e-6)
-    assert adv == pytest.approx([-a + 0.072025, a - 0.072025], abs=1e-6)
-    assert adv[0] < 0 < adv[1]
+    assert novelty([0.0, 10.0], [30.0, 0.0], coef) == pytest.approx([-a, a], abs=1e-6)
+    # ... scores [0, 0, 10, 10], B = [30, 0, 0, 0]: mean 5, std sqrt(100 / 3) = 5.7735 -> levels -+0.866025, gap
+    # 1.732051, so h = min(0.866025, 0.866025); class 0 has mean B 15 -> -+coef h tanh(15); class 10 ties on B: 0.
+    level = 5 / (math.sqrt(100 / 3) + 1e-6)
+    g2 = novelty([0.0, 0.0, 10.0, 10.0], [30.0, 0.0, 0.0, 0.0], coef)
+    assert g2 == pytest.approx([-level + coef * level * math.tanh(15), -level - coef * level * math.tanh(15),
+                                level, level], abs=1e-6)
+    assert max(g2[:2]) < min(g2[2:]) and max(g2[:2]) < 0
+    # G3: scores [0, 0, 0, 100], B = [12, 0.07, 0.11, 2.02]: mean 25, std 50 -> levels -0.5 and 1.5, gap 2, so
+    # h = min(1, 0.5) = 0.5 for the 0-scorers (mean B 4.06: B - mean = 7.94, -3.99, -3.95); the 100-scorer is
+    # alone: 1.5. The former form gave the explorer -0.5 + 0.1 (12 - 3.55) = +0.345: a flipped sign.
+    g3 = novelty([0.0, 0.0, 0.0, 100.0], [12.0, 0.07, 0.11, 2.02], coef)
+    expected = [-0.5 + coef * 0.5 * math.tanh(7.94), -0.5 + coef * 0.5 * math.tanh(-3.99),
+                -0.5 + coef * 0.5 * math.tanh(-3.95), 1.5]
+    assert g3 == pytest.approx(expected, abs=1e-6)
+    assert max(g3[:3]) < g3[3] and max(g3[:3]) < 0  # no 0-scorer reaches the 100-scorer, no sign flipped
+    assert g3[0] > g3[2] > g3[1]  # among the 0-scorers: more new states, larger advantage
+    assert g3 == pytest.approx({0.1: [-0.45, -0.549966, -0.549963, 1.5], 0.2: [-0.4, -0.599932, -0.599926, 1.5]}[coef],
+                               abs=1e-6)
+
+
+def test_novelty_on_random_groups_keeps_order_sign_ties_lone_members_and_linearity():
+    """2000 seeded groups of 2-16 episodes (scores from a few values, so ties are common; some equal bonuses), at
+    every coef the config allows a run to try: scores order the advantages strictly, no score advantage changes
+    sign, within a tie class more novelty gives strictly more (equal novelty: equal), a lone member keeps its score
+    advantage exactly, and the term is linear in coef."""
+    import random
+
+    rng = random.Random(0)
+    scores, bonuses, groups = [], [], []
+    for g in range(2000):
+        values = rng.sample([-100.0, -3.0, 0.0, 0.5, 7.0, 10.0, 25.0, 100.0], rng.randint(1, 4))
+        for _ in range(rng.randint(2, 16)):
+            scores.append(rng.choice(values))
+            bonuses.append(rng.choice([0.0, 1.0, 2.5]) if rng.random() < 0.3 else rng.uniform(0.0, 8.0))
+            groups.append(g)
+    base = group_advantages(scores, groups)
+    members: dict = {}
+    for i, g in enumerate(groups):
+        members.setdefault(g, []).append(i)
+    above, equal, lone = [], [], []  # (i, j): i must end strictly above j / level with j; i alone with its score
+    flat = []  # i's whole tie class has one novelty: the term is centred in the class, so it is 0
+    for group in members.values():
+        for i in group:
+            tied = [j for j in group if scores[j] == scores[i]]
+            lone += [i] if len(tied) == 1 else []
+            flat += [i] if len(tied) > 1 and len({bonuses[j] for j in tied}) == 1 else []
+            above += [(i, j) for j in group if (scores[i], bonuses[i]) > (scores[j], bonuses[j])]
+            equal += [(i, j) for j in tied if j > i and bonuses[j] == bonuses[i]]
+    assert len(lone) > 500 and len(equal) > 500 and len(flat) > 40  # every case occurs often
+    terms = {}
+    for coef in (0.05, 0.1, 0.2, 0.5, 0.9):
+        adv = novelty_advantages(base, bonuses, scores, groups, coef=coef)
+        terms[coef] = [x - b for x, b in zip(adv, base)]
+        assert all(adv[i] > adv[j] for i, j in above), coef  # scores first, then novelty among ties
+        assert all(adv[i] == adv[j] for i, j in equal) and all(adv[i] == base[i] for i in lone + flat)
+        assert all(x * b > 0 for x, b in zip(adv, base) if b != 0.0), coef  # no sign flipped
+    assert sum(t != 0.0 for t in terms[0.1]) > len(scores) / 2  # the term is not vacuous
+    for coef in (0.05, 0.2, 0.5, 0.9):  # the paper's x0.5 / x2 ablation is a coef change
+        assert terms[coef] == pytest.approx([t * coef / 0.1 for t in terms[0.1]], abs=1e-9)
 
 
 def test_novelty_per_group_and_per_step_lists():
-    """Groups are centred separately; a one-episode group gets nothing; per-step advantages (GiGPO) all get it."""
-    adv = novelty_advantages([[0.5, -0.5], 0.0, 0.0, 1.0], [2.0, 0.0, 1.0, 7.0], ["a", "a", "b", "c"], coef=0.2)
-    assert adv[0] == pytest.approx([0.5 + 0.2, -0.5 + 0.2]) and adv[1] == pytest.approx(-0.2)
+    """Groups are separate; a one-episode group gets nothing; per-step advantages (GiGPO) all get the episode's
+    term. Group a ties (scores 0, 0; one class: h = 1): B 2 and 0 -> +-0.2 tanh(1) = +-0.152319."""
+    adv = novelty_advantages([[0.5, -0.5], 0.0, 0.0, 1.0], [2.0, 0.0, 1.0, 7.0], [0.0, 0.0, 3.0, 5.0],
+                             ["a", "a", "b", "c"], coef=0.2)
+    assert adv[0] == pytest.approx([0.5 + 0.152319, -0.5 + 0.152319], abs=1e-6)
+    assert adv[1] == pytest.approx(-0.152319, abs=1e-6)
     assert adv[2] == 0.0 and adv[3] == 1.0
+
+
+def test_novelty_coef_must_stay_below_one():
+    from config import ConfigError, load_config
+
+    with pytest.raises(ValueError, match="coef"):
+        novelty_advantages([0.0, 0.0], [1.0, 0.0], [0.0, 0.0], [0, 0], coef=1.0)
+    with pytest.raises(ConfigError, match="intrinsic.coef"):
+        load_config(None, ["--intrinsic.coef=1.0"])
+    assert load_config(None, ["--intrinsic.coef=1.0", "--intrinsic.combine=return"]).intrinsic.coef == 1.0
 
 
 # ----------------------------------------------------------------------------- loss weights (loss.aggregation)
