@@ -118,7 +118,7 @@ def play_cases(model, chat: ChatStream, envs: list, cases: list[Case], cfg: Conf
                    "score": ep.extrinsic_return if ep.score is None else float(ep.score), "success": ep.success,
                    "length": ep.num_actions, "truncated": ep.truncated, "actions": ep.actions}
             if tips:
-                row.update(tip=ep.tip, tip_entries=[asdict(e) for e in tip_entries(ep)])
+                row.update(tip=ep.tip, tip_entries=[asdict(e) for e in tip_entries(ep, envs[0].max_score())])
             rows.append(row)
             if logged is not None and c in logged:
                 records.append({**episode_record(ep), "repeat": c.repeat})

@@ -5,9 +5,10 @@ Plain Python, keyed by task (`Task.key` = "task-name/variation" or "webshop/goal
 that slots recur when rows rarely do (16 of thousands of WebShop goals per iteration); novelty stays per task.
 
 Tips. After every training episode the policy writes one sentence about it (rollout.write_tips). For every step i
-of that episode one `TipEntry(tip, action_i, return, state_i)` is stored, rendered exactly like the reference:
-"<tip>; At that timestep, the specific action your took was <a_i>; Eventually you got the score <R>/100."
-* exact de-duplication on the rendered text, per key;
+of that episode one `TipEntry(tip, action_i, return, state_i, goal, max_score)` is stored, rendered like the
+reference: "<tip>; At that timestep, the specific action your took was <a_i>; Eventually you got the score
+<R>/<max_score>." (ScienceWorld: "/100", the reference's text; max_score = Env.max_score(), the reward's scale).
+* exact de-duplication on the rendered text (and the goal), per key;
 * capacity per key (default 1000) with FIFO eviction of the oldest entry;
 * retrieval = the top-k (default 10) entries by stored return, stable for ties (insertion order), optionally
   after a similarity filter: a pluggable `scorer(query_state, entry_state) -> float` keeps entries scoring above
@@ -16,6 +17,12 @@ of that episode one `TipEntry(tip, action_i, return, state_i)` is stored, render
   near-identical within a variation and retrieval is effectively "top-10 by score" (docs/decisions.md):
   `similarity: none` (the default) reproduces that; `jaccard` (or an embedding scorer) gives the state-dependent
   retrieval the paper describes.
+* a family slot (`key_by="family"`) holds many goals' tips: it ranks them first by word-set Jaccard between the
+  entry's goal (its episode's first message, which holds the instruction) and the current one, then by return,
+  then by insertion order, so a goal sees the tips of the closest goals first. A per-task slot holds one goal and
+  stores none.
+* `rollout.tip_format: tip_only` shows the sentence alone, and an episode stores one entry per step with the same
+  sentence: retrieval then keeps the best entry per distinct sentence before taking the top k.
 
 Novelty (intrinsic reward, paper §4.2). `visit(key, observation)` counts a visit; `visit_count` gives n = the
 number of visits so far of a similar state, and the rollout pays r_int = 1/n (1 for a new state) once all of its
@@ -33,8 +40,9 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter, deque
-from dataclasses import asdict, dataclass
-from typing import Callable
+from dataclasses import asdict, dataclass, replace
+from itertools import islice
+from typing import Callable, Iterable
 
 from envs.base import jaccard
 
@@ -49,6 +57,8 @@ class TipEntry:
     action: str
     ret: float  # the episode's extrinsic return
     state: str = ""  # the observation at which `action` was taken (used by similarity filters)
+    goal: str = ""  # the episode's first message (its instruction): a family slot ranks by it ("" in task slots)
+    max_score: float = 100.0  # the reward's scale (Env.max_score()): the return is shown out of it
 
     def render(self, form: str = "reference") -> str:
         if form == "tip_only":  # rollout.tip_format: the sentence alone
@@ -56,8 +66,17 @@ class TipEntry:
         # Wording (typo included) of the reference, so prompts match the paper's setup.
         return (
             f"{self.tip}; At that timestep, the specific action your took was {self.action}; "
-            f"Eventually you got the score {self.ret:.1f}/100."
+            f"Eventually you got the score {self.ret:.1f}/{self.max_score:g}."
         )
+
+    def to_dict(self) -> dict:
+        """The saved fields; goal and max_score only where set, so a per-task ScienceWorld file keeps its form."""
+        fields = asdict(self)
+        if not self.goal:
+            del fields["goal"]
+        if self.max_score == 100.0:
+            del fields["max_score"]
+        return fields
 
 
 def tip_block(entries: list[TipEntry], form: str = "reference") -> str:
@@ -66,6 +85,16 @@ def tip_block(entries: list[TipEntry], form: str = "reference") -> str:
         return ""
     body = TIP_HEADER + "".join(entry.render(form) + "\n" for entry in entries)
     return f"{TIP_OPEN}{body}{TIP_CLOSE}"
+
+
+def distinct_shown(entries: Iterable[TipEntry], form: str) -> Iterable[TipEntry]:
+    """The first entry of every distinct text as `form` renders it (the best one, for ranked entries)."""
+    seen = set()
+    for entry in entries:
+        text = entry.render(form)
+        if text not in seen:
+            seen.add(text)
+            yield entry
 
 
 def state_key(observation: str) -> str:
@@ -140,7 +169,10 @@ class TipMemory:
         self.scorer = make_scorer(scorer) if isinstance(scorer, str) else scorer
         self.threshold = threshold
         self.entries: dict[str, deque[TipEntry]] = {}
-        self.rendered: dict[str, set[str]] = {}  # per-key de-duplication index
+        self.rendered: dict[str, set[tuple[str, str]]] = {}  # per-key de-duplication index: (text, goal)
+        # a slot's entries in retrieval order per (slot, current goal); cleared whenever an entry is added, so the
+        # goal similarities are computed once per goal per iteration, not at every step
+        self.ranked: dict[tuple[str, str], list[TipEntry]] = {}
         self.visits: dict[str, Counter] = {}
         self.pending_tips: list[tuple[str, TipEntry]] = []
         self.pending_visits: list[tuple[str, str]] = []
@@ -159,27 +191,46 @@ class TipMemory:
     def add(self, key: str, entry: TipEntry) -> bool:
         """Insert now (no sync). Returns False for an exact duplicate."""
         key = self.slot(key)
-        text = entry.render()
+        if self.key_by == "task" and entry.goal:
+            entry = replace(entry, goal="")  # a task's slot holds one goal: nothing to rank by
+        text = (entry.render(), entry.goal)
         seen = self.rendered.setdefault(key, set())
         if text in seen:
             return False
         slot = self.entries.setdefault(key, deque())
         if len(slot) >= self.capacity:
-            seen.discard(slot.popleft().render())
+            old = slot.popleft()
+            seen.discard((old.render(), old.goal))
         slot.append(entry)
         seen.add(text)
+        self.ranked.clear()
         return True
 
     def stage(self, key: str, entry: TipEntry) -> None:
         """Queue an entry for the next `sync` (how the rollout writes tips)."""
         self.pending_tips.append((key, entry))
 
-    def retrieve(self, key: str, state: str = "") -> list[TipEntry]:
-        candidates = list(self.entries.get(self.slot(key), ()))
+    def retrieve(self, key: str, state: str = "", goal: str = "", form: str = "reference") -> list[TipEntry]:
+        """The top-k tips for a step at observation `state` of an episode whose first message is `goal` (used by
+        family slots only); form: rollout.tip_format (tip_only: one entry per distinct sentence)."""
+        candidates: Iterable[TipEntry] = self.in_order(self.slot(key), goal if self.key_by == "family" else "")
         if self.scorer is not None:
-            candidates = [e for e in candidates if self.scorer(state, e.state) > self.threshold]
-        # sorted() is stable: equal returns keep insertion order, as in the reference.
-        return sorted(candidates, key=lambda e: -e.ret)[: self.top_k]
+            candidates = (e for e in candidates if self.scorer(state, e.state) > self.threshold)
+        if form == "tip_only":
+            candidates = distinct_shown(candidates, form)
+        return list(islice(candidates, self.top_k))
+
+    def in_order(self, slot: str, goal: str) -> list[TipEntry]:
+        """A slot's entries in retrieval order: by goal similarity (when a goal is given), then by return; sorted()
+        is stable, so equal keys keep insertion order, as in the reference."""
+        if (slot, goal) not in self.ranked:
+            entries = list(self.entries.get(slot, ()))
+            if goal:
+                closeness = {g: jaccard(goal, g) for g in {e.goal for e in entries}}  # once per stored goal
+                self.ranked[slot, goal] = sorted(entries, key=lambda e: (-closeness[e.goal], -e.ret))
+            else:
+                self.ranked[slot, goal] = sorted(entries, key=lambda e: -e.ret)
+        return self.ranked[slot, goal]
 
     def size(self, key: str | None = None) -> int:
         if key is not None:
@@ -222,12 +273,12 @@ class TipMemory:
     def state_dict(self) -> dict:
         return {
             "capacity": self.capacity,
-            "entries": {key: [asdict(e) for e in slot] for key, slot in self.entries.items()},
+            "entries": {key: [e.to_dict() for e in slot] for key, slot in self.entries.items()},
             "visits": {key: dict(counts) for key, counts in self.visits.items()},
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.entries, self.rendered = {}, {}
+        self.entries, self.rendered, self.ranked = {}, {}, {}
         for key, items in state["entries"].items():
             for item in items:
                 self.add(key, TipEntry(**item))

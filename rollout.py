@@ -310,7 +310,8 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
         for i, ep in enumerate(episodes):
             if ep.done:
                 continue
-            retrieved = memory.retrieve(ep.task.key, observations[i]) if use_tips else []
+            retrieved = (memory.retrieve(ep.task.key, observations[i], first_observations[i], cfg.tip_format)
+                         if use_tips else [])
             # tips are model-written: no special tokens in a prompt
             block = chat.plain(tip_block(retrieved, cfg.tip_format))
             reminder = envs[i].turn_reminder() if step > 0 else ""
@@ -424,11 +425,11 @@ def tip_context(chat: ChatStream, ep: Episode, budget: int = 1 << 30) -> list[in
     return history + chat.close_action(ep.last_action_ids) + chat.next_turn(ep.final_observation + "\n\n" + TIP_PROMPT)
 
 
-def write_tips(model, chat: ChatStream, episodes: list[Episode], memory: TipMemory | None, cfg: RolloutConfig
-               ) -> dict[str, float]:
-    """The policy reflects on each episode (one batched generate) into `ep.tip`; `tip_entries(ep)` are staged in
-    `memory` (None: the caller stores them). An episode's KV cache (run_episodes(keep_caches=True)) is reused: only
-    the tip turn is encoded, then freed."""
+def write_tips(model, chat: ChatStream, episodes: list[Episode], memory: TipMemory | None, cfg: RolloutConfig,
+               max_score: float = 100.0) -> dict[str, float]:
+    """The policy reflects on each episode (one batched generate) into `ep.tip`; `tip_entries(ep, max_score)` are
+    staged in `memory` (None: the caller stores them). An episode's KV cache (run_episodes(keep_caches=True)) is
+    reused: only the tip turn is encoded, then freed."""
     todo = [ep for ep in episodes if ep.num_actions > 0]
     # a window-layout tip context is the whole trajectory, not the cached last window: nothing to reuse
     caches = [None if ep.layout == "window" else ep.kv_cache for ep in todo] if kv_reuse_enabled(model, cfg) else None
@@ -449,12 +450,14 @@ def write_tips(model, chat: ChatStream, episodes: list[Episode], memory: TipMemo
     for ep, text in zip(todo, tips):
         ep.tip = clean_tip(text)
         empty += not ep.tip
-        for entry in tip_entries(ep) if memory is not None else ():
+        for entry in tip_entries(ep, max_score) if memory is not None else ():
             memory.stage(ep.task.key, entry)
     return {"tips_written": float(len(todo) - empty), "tips_empty": float(empty)}
 
 
-def tip_entries(ep: Episode) -> list[TipEntry]:
-    """One memory entry per step of an episode with a tip: (tip, the step's action, the return, the step's state)."""
-    return [TipEntry(tip=ep.tip, action=action, ret=round(ep.extrinsic_return, 1), state=observation)
-            for observation, action in zip(ep.observations, ep.actions)] if ep.tip else []
+def tip_entries(ep: Episode, max_score: float = 100.0) -> list[TipEntry]:
+    """One memory entry per step of an episode with a tip: (tip, the step's action, the return, the step's state,
+    the episode's first message as its goal, the reward's scale `max_score` = Env.max_score())."""
+    goal = ep.observations[0] if ep.observations else ""
+    return [TipEntry(tip=ep.tip, action=action, ret=round(ep.extrinsic_return, 1), state=observation, goal=goal,
+                     max_score=max_score) for observation, action in zip(ep.observations, ep.actions)] if ep.tip else []

@@ -338,7 +338,7 @@ def train(cfg: Config) -> dict:
                 # 3. Tips: the policy reflects on every episode; all ranks apply every rank's tips in rank order.
                 tip_stats = {"tips_written": 0.0, "tips_empty": 0.0}
                 if cfg.memory.enabled:
-                    tip_stats = write_tips(model, chat, played, memory, cfg.rollout)
+                    tip_stats = write_tips(model, chat, played, memory, cfg.rollout, envs[0].max_score())
                 counts = {**tip_stats, "episodes_excluded": float(len(episodes) - len(played))}
             if memory is not None:
                 memory.sync(lambda obj: gather_objects(accelerator, obj), rank)

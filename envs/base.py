@@ -116,6 +116,10 @@ class Env(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} writes no tips of its own: rollout.tip_source=environment "
                                   "is an ablation of the sanity environment (env.name=sanity)")
 
+    def max_score(self) -> float:
+        """The best return of an episode on the reward's own scale (a tip shows its return out of it)."""
+        return 100.0
+
     def step_limit(self, task: Task) -> int:
         """Most actions an episode of `task` may take (0 = unknown); bounds the context an episode can need."""
         return 0

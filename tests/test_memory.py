@@ -27,6 +27,84 @@ def test_tip_only_format_shows_the_sentence_alone():
     assert "open drawer" in tip_block(tips) and "40.0/100" in tip_block(tips)  # the default is the reference's line
 
 
+def played_episode(env, task, commands, tip):
+    """A real sanity-env episode recorded as run_episodes records one (observation before each action, the action,
+    the reward), with its tip."""
+    from rollout import Episode
+    ep = Episode(task=task, group=0, mode="no_memory", tip=tip)
+    observation = env.reset(task)
+    for command in commands:
+        ep.observations.append(observation)
+        ep.actions.append(command)
+        observation, reward, done, _ = env.step(command)
+        ep.rewards.append(reward)
+        if done:
+            break
+    return ep
+
+
+def test_tip_only_retrieval_shows_each_sentence_once_from_real_episodes():
+    """An episode stores one entry per step with the same sentence (rollout.tip_entries): with tip_only the top 3
+    are the three best distinct sentences, not one sentence three times; the reference form is unchanged."""
+    from envs.sanity import SanityConfig, SanityEnv
+    from rollout import tip_entries
+    env = SanityEnv(SanityConfig(num_stages=3, max_steps=4, fatal=False))
+    task = env.tasks("train")[0]  # the black lamp: connect the wire, press the button, focus
+    solved = ["connect the black wire", "press the black button", "focus on the black lamp"]
+    episodes = [played_episode(env, task, solved, "Wire and press the black lamp's own parts, then focus."),
+                played_episode(env, task, ["look around", "connect the green wire", "press the green button",
+                                           "look around"], "Other lamps' parts do nothing."),
+                played_episode(env, task, ["connect the orange wire", "press the orange button", "look around",
+                                           "connect the green wire"], "Wiring the wrong lamp wastes every step.")]
+    assert [ep.extrinsic_return for ep in episodes] == [100.0, 0.0, 0.0]
+    memory = TipMemory(top_k=3)
+    for ep in episodes:
+        for e in tip_entries(ep):
+            memory.add(task.key, e)
+    assert memory.size(task.key) == 3 + 3 + 4  # one entry per distinct step, as before (a repeated step is one)
+    shown = memory.retrieve(task.key, form="tip_only")
+    assert [e.tip for e in shown] == [ep.tip for ep in episodes]
+    assert tip_block(shown, "tip_only").count(episodes[0].tip) == 1
+    # the reference form still shows the three best entries: the solved episode's three steps
+    assert [e.action for e in memory.retrieve(task.key)] == solved
+
+
+def test_family_slot_ranks_by_goal_similarity_then_return_then_insertion():
+    memory = TipMemory(top_k=4, key_by="family")
+    current = "buy red cotton shirt"
+    # word-set Jaccard with `current`: 4/5 = 0.8, 3/5 = 0.6 ({buy, red, shirt} of 5 words), 1/7 ({buy} of 7)
+    close, near, far = "buy red cotton shirt cheap", "buy red wool shirt", "buy blue wool socks"
+    for tip, goal, ret in [("socks", far, 10.0), ("wool a", near, 0.0), ("cheap a", close, 0.0),
+                           ("wool b", near, 10.0), ("cheap b", close, 0.0)]:
+        memory.add(f"webshop/{len(tip)}", TipEntry(tip, "a", ret, "", goal))  # any goal index: one slot
+    assert [e.tip for e in memory.retrieve("webshop/1", goal=current)] == ["cheap a", "cheap b", "wool b", "wool a"]
+    assert [e.tip for e in memory.retrieve("webshop/1")] == ["socks", "wool b", "wool a", "cheap a"]  # no goal
+    memory.add("webshop/2", TipEntry("exact", "a", -1.0, "", current))  # the ranking follows a new entry at once
+    assert [e.tip for e in memory.retrieve("webshop/1", goal=current)][:2] == ["exact", "cheap a"]
+
+
+def test_task_slots_ignore_the_goal_and_keep_their_file_form(tmp_path):
+    memory = TipMemory(top_k=3)
+    memory.add("boil/0", TipEntry("far", "a", 50.0, "s", goal="x y z"))
+    memory.add("boil/0", TipEntry("close", "b", 10.0, "s", goal="buy red cotton shirt"))
+    assert [e.tip for e in memory.retrieve("boil/0", goal="buy red cotton shirt")] == ["far", "close"]
+    saved = memory.state_dict()
+    assert saved["entries"]["boil/0"][0] == {"tip": "far", "action": "a", "ret": 50.0, "state": "s"}  # no goal
+    restored = TipMemory(key_by="family")  # a file without goals (an old one) loads into either key
+    restored.load_state_dict(json.loads(json.dumps(saved)))
+    assert [e.tip for e in restored.retrieve("boil/0", goal="buy")] == ["far", "close"]
+
+
+def test_the_return_is_shown_on_the_rewards_own_scale():
+    from envs.sanity import SanityConfig, SanityEnv
+    from envs.webshop import WebShopConfig, WebShopEnv
+    assert entry("t", "a", 10.0).render().endswith("Eventually you got the score 10.0/100.")  # ScienceWorld's text
+    assert TipEntry("t", "a", 9.9, max_score=10.0).render().endswith("Eventually you got the score 9.9/10.")
+    assert WebShopEnv(WebShopConfig(reward_mode="success")).max_score() == 10.0
+    assert WebShopEnv(WebShopConfig(reward_mode="score")).max_score() == 100.0
+    assert SanityEnv(SanityConfig()).max_score() == 100.0
+
+
 def test_exact_dedupe():
     memory = TipMemory()
     assert memory.add("k", entry())

@@ -173,6 +173,10 @@ class WebShopEnv(Env):
                 + tail)
         return full if len(full) <= self.config.max_prompt_chars else short
 
+    def max_score(self) -> float:
+        """A perfect purchase's reward: 100 (reward_mode score) or 10 (success), penalties aside."""
+        return 100.0 if self.config.reward_mode == "score" else 10.0
+
     def anchor_state(self) -> str:
         """The page before the next action without the instruction (what the model sees as its observation)."""
         return self.current_observation()
