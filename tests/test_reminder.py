@@ -16,7 +16,7 @@ from rollout import (ChatStream, ContextBudgetError, Episode, check_first_turn, 
                      run_episodes, tips_before)
 
 SANITY = SanityConfig(families=["lab"], max_steps=3, train_variations=2, test_variations=1)
-# The reference's naive action instruction, typos included (../shared/docs/empo2.md 4.1, quoted there).
+# The reference's naive action instruction, typos included (its add_instruction.py, as docs/scienceworld.md quotes).
 REFERENCE_NAIVE = ("You could try to explore different actions, especially when you are not sure what the best action "
                    "for your current observation.\nPlease response with only one line with one sentence, following the "
                    "possible action format shown above. No extra words are allowed.")
@@ -40,7 +40,7 @@ def test_scienceworld_closes_every_turn_with_the_whole_naive_instruction():
 
 def test_scienceworld_step_zero_puts_the_tips_before_the_naive_instruction():
     """The reference's first user message: observation + "\n" + instruction prompt, then the tip block wrapped as
-    "\n\n<tip> {header + memories}\n</tip>\n\n", then "\n\n" + the naive instruction (empo2.md 2.4, 4.1)."""
+    "\n\n<tip> {header + memories}\n</tip>\n\n", then "\n\n" + the naive instruction (docs/algorithm.md 5.4)."""
     env = scienceworld()
     first = "You are in the kitchen.\nYour task is to boil water." + env.answer_instruction()
     block = tip_block([TipEntry(tip="Use the stove.", action="activate stove", ret=50.0)])
