@@ -191,14 +191,24 @@ def row_seeds(episodes: list[Episode], *parts) -> list[int] | None:
     return None if any(ep.seed is None for ep in episodes) else [derive_seed(ep.seed, *parts) for ep in episodes]
 
 
+def tips_before(text: str, block: str, instruction: str) -> str:
+    """`text` with the tip block inserted before `instruction`, the text that closes it (Env.answer_instruction):
+    the reference's order, tips and then the answer instruction. `instruction` "" appends the block."""
+    if not text.endswith(instruction):
+        raise ValueError(f"the message does not end with the environment's answer instruction {instruction!r}")
+    return text[:len(text) - len(instruction)] + block + instruction
+
+
 def full_history_turn(chat: ChatStream, ep: Episode, observation: str, block: str, reminder: str,
-                      prefix: list[int]):
-    """(prompt delta, tip-free delta, model context) for the next turn of an append-only episode: a later user turn
-    is observation + tip block + `reminder` (Env.turn_reminder; the first message holds the whole instruction),
-    then the generation prompt and `prefix` (rollout.action_prefix's ids: the start of the assistant's answer).
-    With the "current_turn" layout `ep.ids` is tip-free, so the context holds only this turn's tips."""
+                      prefix: list[int], instruction: str = ""):
+    """(prompt delta, tip-free delta, model context) for the next turn of an append-only episode. The first message
+    is the environment's, its tip block before `instruction` (Env.answer_instruction, which closes it); a later
+    user turn is observation + tip block + `reminder` (Env.turn_reminder). Then the generation prompt and `prefix`
+    (rollout.action_prefix's ids: the start of the assistant's answer). With the "current_turn" layout `ep.ids` is
+    tip-free, so the context holds only this turn's tips."""
     if not ep.ids:
-        delta, twin_delta = chat.first_turn(observation + block), chat.first_turn(observation)
+        delta = chat.first_turn(tips_before(observation, block, instruction))
+        twin_delta = chat.first_turn(observation)
     else:
         closing = chat.close_action(ep.last_action_ids)
         delta = closing + chat.next_turn(observation + block + reminder)
@@ -235,11 +245,13 @@ def check_prompt_budget(chat: ChatStream, env: Env, tasks: list[Task], cfg: Roll
         check_first_turn(task, len(chat.first_turn(env.reset(task))), env.step_limit(task), cfg, reminder)
 
 
-def window_turn(chat: ChatStream, env: Env, window: int, block: str, reminder: str, prefix: list[int]):
+def window_turn(chat: ChatStream, env: Env, window: int, block: str, reminder: str, prefix: list[int],
+                instruction: str = ""):
     """(prompt, tip-free prompt, model context) of a history-window step: a fresh one-turn conversation, its tips
-    and then the reminder last (the reference's order), then `prefix` (rollout.action_prefix's ids)."""
+    and then the answer instruction last (the reference's order: before `instruction`, which closes the step-0
+    message, or before `reminder`, appended to a later one), then `prefix` (rollout.action_prefix's ids)."""
     text = env.window_prompt(window)
-    delta = chat.first_turn(text + block + reminder) + prefix
+    delta = chat.first_turn(tips_before(text, block, instruction) + reminder) + prefix
     return delta, chat.first_turn(text + reminder) + prefix, delta
 
 
@@ -314,11 +326,15 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
                          if use_tips else [])
             # tips are model-written: no special tokens in a prompt
             block = chat.plain(tip_block(retrieved, cfg.tip_format))
+            # the answer instruction comes last: it closes the first message, a reminder closes each later turn
             reminder = envs[i].turn_reminder() if step > 0 else ""
+            instruction = envs[i].answer_instruction() if step == 0 else ""
             if windowed:
-                delta, twin_delta, context = window_turn(chat, envs[i], cfg.history_window, block, reminder, prefix)
+                delta, twin_delta, context = window_turn(chat, envs[i], cfg.history_window, block, reminder, prefix,
+                                                         instruction)
             else:
-                delta, twin_delta, context = full_history_turn(chat, ep, observations[i], block, reminder, prefix)
+                delta, twin_delta, context = full_history_turn(chat, ep, observations[i], block, reminder, prefix,
+                                                               instruction)
                 if step == 0:  # the tip-free first message: stop before playing an episode that cannot fit
                     check_first_turn(ep.task, len(twin_delta), envs[i].step_limit(ep.task), cfg,
                                      len(chat.encode(envs[i].turn_reminder())))

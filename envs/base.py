@@ -8,6 +8,8 @@ It is deliberately tiny so the rollout loop (rollout.py) stays environment-agnos
     env.window_prompt(k)    -> str                 one self-contained user message for history-window mode
     env.anchor_state()      -> str                 optional: the current observation without task-specific text
                                                    (GiGPO's anchor state; "" = use the observation as is)
+    env.answer_instruction()-> str                 optional: the text that closes the first message ("" = none);
+                                                   a step-0 tip block goes before it (the reference's order)
     env.turn_reminder()     -> str                 optional: text the rollout appends to every user turn after
                                                    the first, after its tips ("" = none): the answer instruction
                                                    next to the generation point, as the reference keeps it
@@ -99,6 +101,11 @@ class Env(abc.ABC):
         """The current state as one self-contained user message showing at most `window` past
         (action, observation) pairs. Used when `rollout.history_window >= 0` (one sample per step)."""
         raise NotImplementedError(f"{type(self).__name__} does not support history-window prompts")
+
+    def answer_instruction(self) -> str:
+        """The text that closes every first message reset() returns (a suffix of it; "" = none). The rollout puts a
+        step-0 tip block before it, so the answer instruction comes last, as the reference orders them."""
+        return ""
 
     def turn_reminder(self) -> str:
         """Appended to every user turn after the first (after the turn's tip block); "" = nothing."""

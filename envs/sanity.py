@@ -257,7 +257,8 @@ class SanityEnv(Env):
         self._history = []
         self._done = False
         scene = "You stand in front of a locked door." if task.name == "pick" else self._scene()
-        self._first_message = f"{scene}\n{self._task_text()}\nAvailable commands: {self._command_text}.\n{RESPOND}"
+        self._first_message = f"{scene}\n{self._task_text()}\nAvailable commands: {self._command_text}." + \
+            self.answer_instruction()
         self._last_info = self._info(action="")
         return self._first_message
 
@@ -350,8 +351,11 @@ class SanityEnv(Env):
         """(cleaned model action, observation) pairs of the current episode."""
         return list(self._history)
 
+    def answer_instruction(self) -> str:
+        return "\n" + RESPOND
+
     def turn_reminder(self) -> str:
-        return "\n" + RESPOND if self.cfg.turn_reminder else ""
+        return self.answer_instruction() if self.cfg.turn_reminder else ""
 
     def oracle_tip(self) -> str:
         """What this episode's feedback revealed, as a tip (rollout.tip_source=environment, an ablation): the target

@@ -30,6 +30,12 @@ def test_paper_settings_in_scienceworld_configs():
     assert empo2.loss == grpo.loss and empo2.train == grpo.train and empo2.rollout == grpo.rollout
 
 
+def test_scienceworld_validation_plays_the_references_four_repeats_of_each_test_variation():
+    for name in ("scienceworld_empo2", "scienceworld_grpo", "scienceworld_empo2_paper", "scienceworld_grpo_paper"):
+        assert load_config(str(CONFIG_DIR / f"{name}.yaml")).train.eval_episodes_per_task == 4, name
+    assert load_config(QUICKSTART).train.eval_episodes_per_task == 1  # the CPU quickstart stays small
+
+
 def test_overrides_are_typed():
     cfg = load_config(QUICKSTART, ["--train.iterations=7", "--model.lora=false",
                                                   "--loss.clip_high=0.25", "--env.scienceworld.tasks=[boil, melt]",

@@ -1,28 +1,82 @@
-"""The answer instruction next to the generation point (Env.turn_reminder): every user turn after the first ends
-with the environment's reminder, after the turn's tips, in the stream the model saw and in its tip-free twin; the
-context budget counts it. Sanity env (no JVM) with the real CPU policy; ScienceWorld's reminder text by itself."""
+"""The prompt as the reference builds it: the answer instruction closes every user turn, after the turn's tips. At
+step 0 the tip block goes before the instruction that closes the first message (Env.answer_instruction); every later
+turn ends with the environment's reminder (Env.turn_reminder: ScienceWorld's whole naive instruction), in the stream
+the model saw and in its tip-free twin; the context budget counts it. Sanity env (no JVM) with the real CPU policy
+and SmolLM2's chat template; ScienceWorld's texts by themselves."""
 import pytest
 import torch
+from chat_reference import render_episode
 
 from config import RolloutConfig
 from envs.sanity import RESPOND, SanityConfig, SanityEnv
 from envs.scienceworld.config import ScienceWorldConfig
-from envs.scienceworld.prompts import FORMAT_REMINDER, NAIVE_INSTRUCTION
-from memory import TipEntry, TipMemory
-from rollout import ChatStream, ContextBudgetError, check_first_turn, check_prompt_budget, run_episodes
+from envs.scienceworld.prompts import NAIVE_INSTRUCTION
+from memory import TipEntry, TipMemory, tip_block
+from rollout import (ChatStream, ContextBudgetError, Episode, check_first_turn, check_prompt_budget, full_history_turn,
+                     run_episodes, tips_before)
 
 SANITY = SanityConfig(families=["lab"], max_steps=3, train_variations=2, test_variations=1)
+# The reference's naive action instruction, typos included (its add_instruction.py, as docs/scienceworld.md quotes).
+REFERENCE_NAIVE = ("You could try to explore different actions, especially when you are not sure what the best action "
+                   "for your current observation.\nPlease response with only one line with one sentence, following the "
+                   "possible action format shown above. No extra words are allowed.")
 
 
-def test_scienceworld_reminder_is_the_instructions_format_line():
+def scienceworld(**overrides):
     from envs.scienceworld.env import ScienceWorldEnv
 
-    assert FORMAT_REMINDER == ("Please response with only one line with one sentence, following the possible action "
-                               "format shown above. No extra words are allowed.")
-    assert NAIVE_INSTRUCTION.endswith(FORMAT_REMINDER)
-    on, off = object.__new__(ScienceWorldEnv), object.__new__(ScienceWorldEnv)  # no JVM: only the config is read
-    on.cfg, off.cfg = ScienceWorldConfig(), ScienceWorldConfig(turn_reminder=False)
-    assert on.turn_reminder() == "\n\n" + FORMAT_REMINDER and off.turn_reminder() == ""
+    env = object.__new__(ScienceWorldEnv)  # no JVM: only the config is read
+    env.cfg = ScienceWorldConfig(**overrides)
+    return env
+
+
+def test_scienceworld_closes_every_turn_with_the_whole_naive_instruction():
+    assert NAIVE_INSTRUCTION == REFERENCE_NAIVE
+    on, off = scienceworld(), scienceworld(turn_reminder=False)
+    assert on.answer_instruction() == "\n\n" + REFERENCE_NAIVE == on.turn_reminder()
+    assert "explore different actions" in on.turn_reminder()
+    assert off.turn_reminder() == "" and off.answer_instruction() == "\n\n" + REFERENCE_NAIVE
+
+
+def test_scienceworld_step_zero_puts_the_tips_before_the_naive_instruction():
+    """The reference's first user message: observation + "\n" + instruction prompt, then the tip block wrapped as
+    "\n\n<tip> {header + memories}\n</tip>\n\n", then "\n\n" + the naive instruction (docs/algorithm.md 5.4)."""
+    env = scienceworld()
+    first = "You are in the kitchen.\nYour task is to boil water." + env.answer_instruction()
+    block = tip_block([TipEntry(tip="Use the stove.", action="activate stove", ret=50.0)])
+    assert tips_before(first, block, env.answer_instruction()) == (
+        "You are in the kitchen.\nYour task is to boil water."
+        "\n\n<tip> Here are some memories you collected in your previous exploration:\n"
+        "Use the stove.; At that timestep, the specific action your took was activate stove; "
+        "Eventually you got the score 50.0/100.\n\n</tip>\n\n" + "\n\n" + REFERENCE_NAIVE)
+    assert tips_before(first, "", env.answer_instruction()) == first
+    with pytest.raises(ValueError, match="answer instruction"):
+        tips_before("a first message without it", block, env.answer_instruction())
+
+
+def test_step_zero_on_the_chat_template_has_the_tips_then_the_instruction():
+    """full_history_turn's step-0 delta is SmolLM2's chat template of the first message with the block spliced in
+    before its closing instruction; the tip-free twin is the template of the message as the environment wrote it."""
+    from models import SMOLLM2_ALIAS, load_tokenizer, resolve_model_path
+
+    tokenizer = load_tokenizer(resolve_model_path(SMOLLM2_ALIAS))
+    chat = ChatStream(tokenizer)
+    env = SanityEnv(SANITY)
+    task = env.tasks("train")[0]
+    first = env.reset(task)
+    closing = "\nRespond with exactly one command from the list, no other words."
+    assert env.answer_instruction() == closing and first.endswith(closing)
+    block = tip_block([TipEntry(tip="Connect the wire first.", action="connect the red wire", ret=100.0)])
+    ep = Episode(task=task, group=0, mode="on_policy_tips")
+    delta, twin, context = full_history_turn(chat, ep, first, block, "", [], env.answer_instruction())
+
+    def template(text):
+        return render_episode(tokenizer, [text], [])[0]  # apply_chat_template, independently of ChatStream
+
+    assert delta == template(first[:-len(closing)] + block + closing) == context
+    assert twin == template(first)
+    shown = tokenizer.decode(delta)
+    assert shown.index("</tip>") < shown.index(RESPOND) and shown.count(RESPOND) == 1
 
 
 def user_turns(chat: ChatStream, ids: list[int]) -> list[str]:
@@ -33,7 +87,7 @@ def user_turns(chat: ChatStream, ids: list[int]) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("placement", ["current_turn", "history"])
-def test_every_later_user_turn_ends_with_the_reminder_after_its_tips(policy, placement):
+def test_every_user_turn_ends_with_the_instruction_after_its_tips(policy, placement):
     model, tokenizer = policy
     chat = ChatStream(tokenizer)
     envs = [SanityEnv(SANITY) for _ in range(2)]
@@ -48,15 +102,16 @@ def test_every_later_user_turn_ends_with_the_reminder_after_its_tips(policy, pla
         seen = [s.ids for s in ep.steps] if placement == "current_turn" else [ep.ids]
         for context in seen:
             turns = user_turns(chat, context)
-            assert turns[0].count(RESPOND) == 1  # the first message has the instruction once, no reminder added
-            for turn in turns[1:]:  # later turns: observation, tip block, then the reminder last
+            for turn in turns:  # every turn: observation (and its tip block), then the answer instruction last
                 assert turn.endswith(reminder) and turn.count(RESPOND) == 1
                 if "<tip>" in turn:
                     assert turn.index("</tip>") < turn.index(RESPOND)
         twin_turns = user_turns(chat, ep.twin_ids)
-        assert len(twin_turns) == ep.num_actions and all(t.endswith(reminder) for t in twin_turns[1:])
+        assert len(twin_turns) == ep.num_actions and all(t.endswith(reminder) for t in twin_turns)
         assert all("<tip>" not in t for t in twin_turns)
     assert any("<tip>" in t for ep in episodes for t in user_turns(chat, ep.steps[-1].ids if ep.steps else ep.ids))
+    first_turns = [user_turns(chat, ep.steps[0].ids if ep.steps else ep.ids)[0] for ep in episodes]
+    assert all("<tip>" in turn for turn in first_turns)  # step 0 showed the tip, before the instruction
 
 
 @pytest.mark.slow

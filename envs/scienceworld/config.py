@@ -21,9 +21,9 @@ class ScienceWorldConfig:
     demo_max_steps: int = 0  # 0 = whole gold demo; >0 = first N steps of each demo
     demo_cache_dir: str = ""  # "" = $EMPO2_CACHE/scienceworld_demos or ~/.cache/empo2/scienceworld_demos
     action_correction: bool = True  # map an action ScienceWorld does not parse to the closest valid action
-    # Append the reference's answer-format line ("Please response with only one line ...") to every user turn after
-    # the first: the reference appends its whole instruction to the last user message each step; once is 3-7k
-    # tokens away after 10-30 turns
+    # End every user turn after the first with the naive instruction ("You could try to explore different actions,
+    # ... No extra words are allowed."), as the reference ends its last user message each step; said only in the
+    # first message it is 3-7k tokens away after 10-30 turns
     turn_reminder: bool = True
     java_heap_mb: int = 512  # JVM -Xmx (skipped when the user sets JAVA_TOOL_OPTIONS); 0 = JVM default
     env_step_limit: int = 100  # ScienceWorld's own move limit (envStepLimit)

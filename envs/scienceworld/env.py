@@ -3,11 +3,11 @@ table: docs/scienceworld.md.
 
 * Splits: ``tasks("train")`` = the first ``train_variations`` of ScienceWorld's training split of every task,
   ``tasks("test")`` = the first <= ``test_variations`` of its test split. Repeating rows is the trainer's business.
-* First message: initial look-around + "\\n" + `prompts.build_instruction` + "\\n\\n" + `prompts.NAIVE_INSTRUCTION`.
-  Deviation: the naive instruction is appended once, to the first message, and every later user turn ends with its
-  format line (`turn_reminder`, "\n\n" + `prompts.FORMAT_REMINDER`, after the turn's tips; append-only
-  conversations, docs/decisions.md); the reference appends the whole instruction to the last user message of every
-  turn, rewriting the prompt.
+* First message: initial look-around + "\\n" + `prompts.build_instruction` + `answer_instruction()` ("\\n\\n" +
+  `prompts.NAIVE_INSTRUCTION`; a step-0 tip block goes before it, as in the reference). Every later user turn ends
+  with the same "\\n\\n" + naive instruction (`turn_reminder`, after the turn's tips), as the reference's last user
+  message does; deviation: earlier turns keep theirs (append-only conversations, docs/decisions.md), where the
+  reference moves it to the newest message, rewriting the prompt.
 * Reward = change of ScienceWorld's score. The baseline is 0, not the initial score (find-*: 8), so the initial part
   is paid with the first reward and the rewards sum to the final score. A negative score (failure; ScienceWorld
   does not set its completion flag then) or a score >= 100 ends the episode. Score, completion and moves come from
@@ -40,7 +40,7 @@ from envs.base import Env, Task, history_window_prompt
 from . import demos as demo_cache
 from .config import ScienceWorldConfig
 from .jvm import JvmHost, env_errors
-from .prompts import FORMAT_REMINDER, NAIVE_INSTRUCTION, best_match, build_instruction, clean_action, task_description
+from .prompts import NAIVE_INSTRUCTION, best_match, build_instruction, clean_action, task_description
 
 logger = logging.getLogger(__name__)
 
@@ -207,8 +207,11 @@ class ScienceWorldEnv(Env):
     def step_limit(self, task: Task) -> int:
         return self.max_steps_for(task.name)
 
+    def answer_instruction(self) -> str:
+        return "\n\n" + NAIVE_INSTRUCTION
+
     def turn_reminder(self) -> str:
-        return "\n\n" + FORMAT_REMINDER if self.cfg.turn_reminder else ""
+        return self.answer_instruction() if self.cfg.turn_reminder else ""
 
     # ------------------------------------------------------------------ episodes
 
@@ -240,7 +243,7 @@ class ScienceWorldEnv(Env):
         inventory = str(server.freeActionInventory())
         self._task = task
         self._first_message = (
-            observation.strip() + "\n" + build_instruction(demos, description, inventory) + "\n\n" + NAIVE_INSTRUCTION
+            observation.strip() + "\n" + build_instruction(demos, description, inventory) + self.answer_instruction()
         )
         self._history = []
         # Baseline 0, not the initial score: some tasks start above 0 (find-*: 8, some paint variations: 13-20), and

@@ -41,8 +41,6 @@ NAIVE_INSTRUCTION = (
     "Please response with only one line with one sentence, following the possible action format shown above. "
     "No extra words are allowed."
 )
-# The short form appended to every later user turn (env.scienceworld.turn_reminder): the instruction's format line.
-FORMAT_REMINDER = NAIVE_INSTRUCTION.split("\n")[1]
 _NUMBER_WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five"}
 
 MAX_ACTION_CHARS = 300
