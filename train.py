@@ -149,7 +149,8 @@ def minibatch_plan(samples: list[Sample], minibatch_steps: int, accelerator) -> 
     one of them, `samples.minibatch_normaliser`): the same on every rank, from one all-reduce of [steps, units]."""
     totals = [float(sum(s.steps for s in samples)), sum(s.units for s in samples)]
     if accelerator.num_processes > 1:
-        totals = accelerator.reduce(torch.tensor(totals, device=accelerator.device), reduction="sum").tolist()
+        totals = accelerator.reduce(torch.tensor(totals, dtype=torch.float64, device=accelerator.device),
+                                    reduction="sum").tolist()
     steps, units = round(totals[0]), totals[1]
     return max(1, round(steps / minibatch_steps)), minibatch_normaliser(steps, units, minibatch_steps)
 
