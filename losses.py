@@ -17,9 +17,10 @@ Paper map (arXiv 2602.23008; the equations are written out in docs/algorithm.md)
 Contexts per mode: samples.py; docs/algorithm.md (paper Table 3).
 
 Aggregation (`loss.aggregation`, `loss_weights`): every action token carries a weight w and a mini-batch's loss is
-sum(w * keep * l) / sum(w) over the whole mini-batch on all ranks. The default "step" is the reference's: w =
-1 / len(its action), so each step's tokens are averaged and steps are averaged over the mini-batch
-(seq-mean-token-mean over step samples, verl with one step per sample). A packed full-history episode is one
+sum(w * keep * l) / N over the whole mini-batch on all ranks, N the units `train.minibatch_steps` steps hold
+(samples.minibatch_normaliser). The default "step" is the reference's: w = 1 / len(its action), so each step's
+tokens are averaged and every step weighs 1 / minibatch_steps (seq-mean-token-mean over step samples, verl with
+one step per sample). A packed full-history episode is one
 sequence for speed, yet each of its steps weighs exactly what its own step sample would (docs/decisions.md, "Loss weights").
 The low-probability indicator of Eq. 2 multiplies the term; the 1/len normaliser stays. "episode" (each episode
 weighs 1) and "token" (each token weighs 1) are ablations.
@@ -50,7 +51,7 @@ def action_runs(mask: list[int]) -> list[int]:
 
 
 def loss_weights(mask: list[int], aggregation: str, episode_tokens: int = 0) -> list[float]:
-    """One loss weight per action token of a sequence (in order); a mini-batch's loss is sum(w * l) / sum(w).
+    """One loss weight per action token of a sequence (in order); a mini-batch's loss is sum(w * l) / N.
 
     "step" (the reference): 1 / len(its action), so every step weighs 1 whatever its length and however it is
         packed: a packed episode contributes exactly what its per-step samples would (seq-mean-token-mean over
@@ -140,7 +141,7 @@ def clipped_policy_loss(
                    | "sequence" (reference: drop a whole sample if any old log-prob < threshold)
     entropy:       [S, T] optional, only for the metric
     token_weights: [S, T] each token's weight w (`loss_weights`); default 1 / (action tokens of its sample)
-    normaliser:    what the weighted sum is divided by (the mini-batch's units, all ranks); default S
+    normaliser:    what the weighted sum is divided by (samples.minibatch_normaliser); default S
     ref_logp:      [S, T] reference-policy log-probs (no grad): + kl_coef x KL(pi || pi_ref), the same weights,
                    over every action token (the low-probability mask drops only the surrogate, as verl)
 
@@ -315,7 +316,7 @@ def pad_rows(rows: list[torch.Tensor], device) -> torch.Tensor:
 def samples_loss(model, micro, pad_id: int, device, loss_cfg, lowprob_mask: str, normaliser: float
                  ) -> tuple[torch.Tensor, dict[str, float]]:
     """This micro-batch's part of a mini-batch objective: sum over its tokens of w * l, divided by `normaliser`
-    (the units of the whole mini-batch over all ranks, `Sample.units`), so the parts of every micro-batch on every
+    (the iteration's one normaliser, samples.minibatch_normaliser), so the parts of every micro-batch on every
     rank add up to the mini-batch loss. Also its metrics.
 
     loss_cfg: config.LossConfig (clip values, low-probability threshold); lowprob_mask: the mask for this

@@ -15,7 +15,8 @@ An episode (rollout.Episode) becomes one or more `Sample`s, by its layout (docs/
 
 Every action token carries its loss weight (`losses.loss_weights`, loss.aggregation; default: each step weighs 1
 whatever the layout), so packing never changes what a step weighs. `split_by_steps` cuts the shuffled samples into
-mini-batches of about `train.minibatch_steps` steps (a packed episode is never split). Old log-probs: those
+mini-batches of about `train.minibatch_steps` steps (a packed episode is never split), and every mini-batch divides
+by the same `minibatch_normaliser`, so a step weighs the same in each. Old log-probs: those
 recorded while sampling wherever the old context is the one played (`recorded_logp`, loss.old_logp_source).
 """
 from __future__ import annotations
@@ -215,3 +216,13 @@ def split_by_steps(order: list[int], steps: list[int], count: int) -> list[list[
         chunks[min(count - 1, seen * count // total) if total else 0].append(i)
         seen += steps[i]
     return chunks
+
+
+def minibatch_normaliser(total_steps: int, total_units: float, minibatch_steps: int) -> float:
+    """What every mini-batch of an iteration divides its weighted loss sum by: the units (sum of `Sample.weights`)
+    that `minibatch_steps` of the iteration's steps hold on average, total_units / total_steps per step (all ranks'
+    samples); the iteration's own units when it has fewer steps than one mini-batch. Under "step" aggregation every
+    step then weighs 1 / minibatch_steps in whichever optimiser step it lands, however many steps that one holds."""
+    if total_steps <= minibatch_steps:
+        return float(total_units)
+    return minibatch_steps * float(total_units) / total_steps

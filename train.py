@@ -14,8 +14,8 @@ One iteration (paper Algorithm 1; docs/algorithm.md):
     off-policy), one per step with a history window or with current-turn tips learned on-policy; every action token
     weighted per step (loss.aggregation); old log-probs computed once;
  5. `train.epochs` passes of shuffled mini-batches of ~`train.minibatch_steps` environment steps: clipped objective
-    (losses.py), normalised over the global mini-batch, gradient all-reduce, clipping, AdamW. A non-finite loss or
-    gradient norm on any rank skips that optimiser step on every rank (logged).
+    (losses.py), every step weighing 1 / minibatch_steps (one normaliser for the iteration), gradient all-reduce,
+    clipping, AdamW. A non-finite loss or gradient norm on any rank skips that optimiser step on every rank (logged).
 The GRPO baseline is this loop with `memory.enabled: false`. `python train.py --help` lists every config key.
 
 Multi-process design (runtime.py checks the launch options first). Data parallel (LoRA, or a full fine-tune that
@@ -60,7 +60,7 @@ from models import ModelLoadError, load_policy, load_reference
 from rollout import (ChatStream, advantage_return, check_prompt_budget, draw_mode, intrinsic_return, novelty_bonus,
                      run_episodes, write_tips)
 from runtime import check_launch, derive_seed, full_weights, gather_objects, make_accelerator, shard_model
-from samples import Sample, build_samples, split_by_steps
+from samples import Sample, build_samples, minibatch_normaliser, split_by_steps
 
 
 # ----------------------------------------------------------------------------- the update
@@ -71,21 +71,24 @@ def update(model, optimizer, samples, cfg: Config, accelerator, mode: str, pad_i
     """`train.epochs` passes of shuffled mini-batches of about `train.minibatch_steps` environment steps each.
 
     Every action token carries a loss weight (`Sample.weights`, loss.aggregation) and a mini-batch's loss is
-    sum(w * l) / sum(w) over the whole mini-batch on ALL ranks (`Sample.units` summed): with the default "step"
-    weights, the mean over the mini-batch's steps of each step's token mean, whichever rank holds a sample and
-    however episodes are packed. Mini-batch k is the union of every rank's k-th chunk; every rank cuts its shuffled
-    samples into the same number of chunks, balanced by step counts. Each micro-batch's loss is already its share of
-    the mini-batch loss, so a SUM over ranks gives it: `all_reduce_gradients` sums for data parallel; FSDP's
-    reduce-scatter averages, hence the extra factor world. Under FSDP every forward/backward is a collective, so
-    every rank runs as many micro-batches as the busiest one, padding with zero-weight micro-batches
-    (`padding_sample`)."""
+    sum(w * l) / N over the whole mini-batch on ALL ranks, with ONE normaliser N for every mini-batch of the
+    iteration (`samples.minibatch_normaliser`: the units `train.minibatch_steps` steps hold). With the default
+    "step" weights every step weighs 1 / minibatch_steps in whichever optimiser step it lands, whichever rank holds
+    it, however episodes are packed and the shuffle cuts them. Mini-batch k is the union of every rank's k-th chunk;
+    every rank cuts its shuffled samples into the same number of chunks, balanced by step counts. Each micro-batch's
+    loss is already its share of the mini-batch loss, so a SUM over ranks gives it: `all_reduce_gradients` sums for
+    data parallel; FSDP's reduce-scatter averages, hence the extra factor world. Under FSDP every forward/backward
+    is a collective, so every rank runs as many micro-batches as the busiest one, padding with zero-weight
+    micro-batches (`padding_sample`)."""
     params = [p for p in model.parameters() if p.requires_grad]
     lowprob = cfg.loss.lowprob_mask if mode in cfg.loss.lowprob_mask_modes else "none"
     world = accelerator.num_processes
     sums: dict[str, float] = {}
     weight, ratio_max, steps, skipped, grad_norms, loss_sum = 0.0, 0.0, 0, 0, [], 0.0
     pad, positions, padding_passes = 0, 0, 0
-    count = minibatch_count([s.steps for s in samples], cfg.train.minibatch_steps, accelerator)
+    # A rank holds a few whole episodes, so its chunks (and the mini-batches) vary in size: a per-mini-batch
+    # normaliser would weigh a step by the size of the mini-batch the shuffle put it in.
+    count, normaliser = minibatch_plan(samples, cfg.train.minibatch_steps, accelerator)
     model.train()
     for _ in range(cfg.train.epochs):
         order = list(range(len(samples)))
@@ -105,7 +108,7 @@ def update(model, optimizer, samples, cfg: Config, accelerator, mode: str, pad_i
             for k in range(passes):
                 real = k < len(buckets)
                 micro = [chunk[i] for i in buckets[k]] if real else [padding_sample(pad_id)]
-                loss, metrics = samples_loss(model, micro, pad_id, accelerator.device, cfg.loss, lowprob, units)
+                loss, metrics = samples_loss(model, micro, pad_id, accelerator.device, cfg.loss, lowprob, normaliser)
                 # A non-finite loss still goes through backward (FSDP's collectives must stay matched); the step is
                 # skipped on every rank below.
                 (loss * world if sharded else loss).backward()
@@ -141,17 +144,20 @@ def update(model, optimizer, samples, cfg: Config, accelerator, mode: str, pad_i
     return out
 
 
-def minibatch_count(steps: list[int], minibatch_steps: int, accelerator) -> int:
-    """Mini-batches per epoch: max(1, round(all ranks' steps / minibatch_steps)), the same on every rank."""
-    total = float(sum(steps))
+def minibatch_plan(samples: list[Sample], minibatch_steps: int, accelerator) -> tuple[int, float]:
+    """(mini-batches per epoch = max(1, round(all ranks' steps / minibatch_steps)), the loss normaliser of every
+    one of them, `samples.minibatch_normaliser`): the same on every rank, from one all-reduce of [steps, units]."""
+    totals = [float(sum(s.steps for s in samples)), sum(s.units for s in samples)]
     if accelerator.num_processes > 1:
-        total = accelerator.reduce(torch.tensor([total], device=accelerator.device), reduction="sum").item()
-    return max(1, round(total / minibatch_steps))
+        totals = accelerator.reduce(torch.tensor(totals, dtype=torch.float64, device=accelerator.device),
+                                    reduction="sum").tolist()
+    steps, units = round(totals[0]), totals[1]
+    return max(1, round(steps / minibatch_steps)), minibatch_normaliser(steps, units, minibatch_steps)
 
 
 def minibatch_shape(units: float, n_micro: int, accelerator, sharded: bool) -> tuple[float, int]:
-    """(the global mini-batch's units = its loss normaliser, forward/backward passes this rank runs): its own
-    micro-batches, or under FSDP the largest number any rank has. One small all-gather per mini-batch."""
+    """(the global mini-batch's units: 0 means no rank has a weighted sample, forward/backward passes this rank
+    runs): its own micro-batches, or under FSDP the largest number any rank has. One small all-gather per mini-batch."""
     if accelerator.num_processes == 1:
         return units, n_micro
     shape = accelerator.gather(torch.tensor([[units, float(n_micro)]], device=accelerator.device)).reshape(-1, 2)

@@ -1,19 +1,23 @@
-"""One `train.update` over fixed samples, in 1 process or in 2 (data parallel or FSDP); run by
-tests/test_distributed.py, which compares the weights the three produce.
+"""One `train.update` over fixed samples, in 1 process or in 2 (data parallel or FSDP), and a hand-written
+reference; run by tests/test_distributed.py, which compares them.
 
     python tests/distributed_update.py single OUT.pt
     torchrun --nproc_per_node 2 tests/distributed_update.py dp OUT.pt
     torchrun --nproc_per_node 2 tests/distributed_update.py fsdp OUT.pt
-    torchrun --nproc_per_node 2 tests/distributed_update.py fsdp_nan OUT.pt   (rank 1 has a NaN loss)
+    torchrun --nproc_per_node 2 tests/distributed_update.py fsdp_nan OUT.pt   (rank 1 has a NaN loss; one mini-batch)
     torchrun --nproc_per_node 2 tests/distributed_update.py dp_episode OUT.pt (loss.aggregation=episode)
     python tests/distributed_update.py reference OUT.pt   (the reference's per-step samples, by hand)
 
-Five packed "episodes" of different lengths, with 1 to 4 actions of different lengths and different advantages; in 2
-processes rank 0 holds samples 0-2 and rank 1 samples 3-4, so the ranks run different numbers of micro-batches (FSDP
-pads rank 1 with a zero-weight one). SGD makes the weight change proportional to the gradient itself (AdamW's
-normalised step would hide a wrong weighting). "reference" does not use the trainer: every action becomes its own
-sample (the prefix up to it, as the reference trains), the clipped loss is written out here, averaged over each
-step's tokens, then over all steps, one backward.
+Six packed "episodes" of very different lengths (1 to 9 actions of 1-4 tokens, advantages of both signs): in 2
+processes rank 0 holds episodes of [1, 8, 1, 1] steps and rank 1 of [1, 9]. train.minibatch_steps = 10 cuts the 21
+steps into 2 mini-batches, and the shuffle (seed 0) makes them 20 steps and 1 step: a normaliser per mini-batch
+would weigh the lone step 20x each of the others. Old log-probs are shifted token by token (`SHIFTS`) so that the
+ratios fall inside the clip band, below 0.8, above 1.3 and above the dual clip's 10 with a negative advantage.
+SGD makes the weight change proportional to the gradient itself (AdamW's normalised step would hide a wrong
+weighting). "reference" does not use the trainer: it forms the same mini-batches (`chunks_by_hand`), every action
+becomes its own sample (the prefix up to it, as the reference trains), the clipped and dual-clipped loss is written
+out here, each step's token mean weighs 1 / minibatch_steps, one backward and one SGD step per mini-batch; it also
+gives the update with each mini-batch divided by its own steps (the weighting before issue 40).
 
 Each rank of a 2-process run writes OUT.pt.rank<R>.done once its work is done and every rank has passed the last
 barrier, then leaves with os._exit(0): the update is what this script measures, and a rank of the `dp` launch has
@@ -53,12 +57,18 @@ def tiny_model():
 
 
 EPISODES = [  # (tokens before the first action, [(action tokens, tokens after it)], advantage)
-    (5, [(2, 2), (1, 0)], 1.0),
-    (4, [(3, 3), (1, 2), (2, 1), (4, 0)], -0.5),
-    (3, [(1, 0)], 2.0),
-    (6, [(2, 3), (5, 0)], -1.5),
-    (2, [(1, 2), (1, 2), (3, 0)], 0.7),
+    (3, [(2, 1)], 1.0),  # rank 0
+    (4, [(3, 3), (1, 2), (2, 1), (4, 2), (1, 1), (2, 2), (3, 1), (1, 0)], -0.5),
+    (2, [(1, 0)], 2.0),
+    (5, [(3, 0)], -1.5),
+    (3, [(2, 0)], 0.7),  # rank 1
+    (2, [(1, 2), (2, 1), (3, 2), (1, 1), (2, 3), (4, 1), (1, 2), (2, 1), (3, 0)], 1.2),
 ]
+RANK_OF = [0, 0, 0, 0, 1, 1]
+MINIBATCH_STEPS, LR, SEED = 10, 0.5, 0
+# log(ratio) at the initial weights, token by token (cycled): inside [0.8, 1.3], below, above, above 10 (the dual
+# clip where the advantage is negative), above 1.3 but below 10, just below 1.
+SHIFTS = [0.1, -0.5, 0.5, 3.0, 1.0, -0.05]
 
 
 def samples() -> list[Sample]:
@@ -73,6 +83,36 @@ def samples() -> list[Sample]:
     return out
 
 
+def shifted(old_logp: list[float], episode: int) -> list[float]:
+    """The old log-probs of one episode's action tokens, moved so that ratio = exp(SHIFTS[...]) at the start."""
+    return [v - SHIFTS[(episode + t) % len(SHIFTS)] for t, v in enumerate(old_logp)]
+
+
+def chunks_by_hand(order: list[int], steps: list[int], count: int) -> list[list[int]]:
+    """The trainer's split, written out: in the shuffled order, a sample joins chunk floor(count x (steps before
+    it) / total steps), at most count - 1."""
+    total, seen, chunks = sum(steps[i] for i in order), 0, [[] for _ in range(count)]
+    for i in order:
+        chunks[min(count - 1, count * seen // total)].append(i)
+        seen += steps[i]
+    return chunks
+
+
+def minibatches_by_hand(world: int) -> list[list[int]]:
+    """The episodes of each mini-batch: every rank shuffles its own (random.Random(SEED)) and cuts them into
+    round(21 / 10) = 2 chunks; mini-batch k is the union of the ranks' k-th chunks."""
+    steps = [len(actions) for _, actions, _ in EPISODES]
+    count = max(1, round(sum(steps) / MINIBATCH_STEPS))
+    mine = [[e for e in range(len(EPISODES)) if world == 1 or RANK_OF[e] == r] for r in range(world)]
+    out = [[] for _ in range(count)]
+    for held in mine:
+        order = list(range(len(held)))
+        random.Random(SEED).shuffle(order)
+        for k, chunk in enumerate(chunks_by_hand(order, [steps[e] for e in held], count)):
+            out[k] += [held[i] for i in chunk]
+    return out
+
+
 def full_forward_logp(model, ids: list[int], mask: list[int]) -> torch.Tensor:
     """log pi of the masked tokens of one sequence: a plain forward, log-softmax, gather (no project code)."""
     logits = model(input_ids=torch.tensor([ids])).logits[0].float()  # [L, V]
@@ -80,70 +120,89 @@ def full_forward_logp(model, ids: list[int], mask: list[int]) -> torch.Tensor:
     return logp[torch.tensor(mask[1:], dtype=torch.bool)]
 
 
-def reference_update(model) -> float:
-    """The reference's loss on per-step samples, by hand: returns the loss; leaves the gradient in .grad."""
-    step_losses = []
-    for sample in samples():
+def step_loss(logp: torch.Tensor, old: torch.Tensor, a: float, regions: dict) -> torch.Tensor:
+    """One step's token mean of verl's dual-clip PPO loss (clip 0.8 / 1.3, c = 10); counts each token's region."""
+    ratio = torch.exp(torch.clamp(logp - old, -20, 20))
+    token = torch.maximum(-a * ratio, -a * torch.clamp(ratio, 0.8, 1.3))
+    if a < 0:
+        token = torch.minimum(token, torch.full_like(token, -a * 10.0))
+    for r in ratio.tolist():
+        key = "dual" if a < 0 and r > 10 else "below" if r < 0.8 else "above" if r > 1.3 else "inside"
+        regions[key] = regions.get(key, 0) + 1
+    return token.mean()
+
+
+def reference_update(world: int, per_minibatch: bool = False) -> dict:
+    """The reference on the mini-batches `world` ranks form, by hand: per mini-batch, the sum of its steps' losses
+    divided by MINIBATCH_STEPS (per_minibatch: by its own steps), backward, SGD. Returns the weights, the last
+    mini-batch's gradient, the mean mini-batch loss, the mini-batches' steps and the ratio regions met."""
+    model = tiny_model()
+    data, losses, regions = samples(), [], {}
+    with torch.no_grad():  # once, at the initial weights, as the trainer's old log-probs
+        old = [torch.tensor(shifted(full_forward_logp(model, s.ids, s.mask).tolist(), e)) for e, s in enumerate(data)]
+    batches = minibatches_by_hand(world)
+    for batch in batches:
+        model.zero_grad()
+        step_losses = []
+        for e in batch:
+            sample, offset, start = data[e], 0, None
+            for pos, m in enumerate(sample.mask + [0]):
+                if m and start is None:
+                    start = pos
+                elif not m and start is not None:  # one action = one step sample: the prefix up to its end
+                    n = pos - start
+                    logp = full_forward_logp(model, sample.ids[:pos], [0] * start + [1] * n)
+                    step_losses.append(step_loss(logp, old[e][offset:offset + n], sample.advantages[0], regions))
+                    offset, start = offset + n, None
+        loss = torch.stack(step_losses).sum() / (len(step_losses) if per_minibatch else MINIBATCH_STEPS)
+        loss.backward()
+        losses.append(loss.item())
         with torch.no_grad():
-            old = full_forward_logp(model, sample.ids, sample.mask) - 0.1
-        offset, start = 0, None
-        for pos, m in enumerate(sample.mask + [0]):
-            if m and start is None:
-                start = pos
-            elif not m and start is not None:  # one action = one step sample: the prefix up to its end
-                n = pos - start
-                logp = full_forward_logp(model, sample.ids[:pos], [0] * start + [1] * n)
-                ratio = torch.exp(torch.clamp(logp - old[offset:offset + n], -20, 20))
-                a = sample.advantages[0]
-                token = torch.maximum(-a * ratio, -a * torch.clamp(ratio, 0.8, 1.3))
-                if a < 0:
-                    token = torch.minimum(token, torch.full_like(token, -a * 10.0))
-                step_losses.append(token.mean())
-                offset, start = offset + n, None
-    loss = torch.stack(step_losses).mean()
-    loss.backward()
-    return loss.item()
+            for p in model.parameters():
+                p -= LR * p.grad
+    return {"weights": {n: p.detach().clone() for n, p in model.named_parameters()},
+            "grads": {n: p.grad.detach().clone() for n, p in model.named_parameters()},
+            "loss": sum(losses) / len(losses), "minibatches": batches, "regions": regions,
+            "minibatch_steps": [sum(len(EPISODES[e][1]) for e in b) for b in batches]}
 
 
 def main(mode: str, out_file: str) -> None:
     torch.set_num_threads(1)
+    if mode == "reference":
+        torch.save({"two_ranks": reference_update(2), "one_process": reference_update(1),
+                    "two_ranks_per_minibatch": reference_update(2, per_minibatch=True)}, out_file)
+        return
     model = tiny_model()
     for p in model.parameters():
         p.requires_grad_(True)
-    if mode == "reference":
-        loss = reference_update(model)
-        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
-        with torch.no_grad():
-            for p in model.parameters():
-                p -= 0.5 * p.grad  # the SGD step the trainer's runs take
-        torch.save({"weights": {n: p.detach().clone() for n, p in model.named_parameters()}, "grads": grads,
-                    "loss": loss}, out_file)
-        return
     accelerator = make_accelerator()
     if mode.startswith("fsdp"):
         shard_model(model, torch.float32, Launch(fsdp=True))
     mine = samples()
-    if mode != "single":
-        mine = mine[:3] if accelerator.process_index == 0 else mine[3:]
+    held = [e for e in range(len(mine)) if mode == "single" or RANK_OF[e] == accelerator.process_index]
+    mine = [mine[e] for e in held]
     cfg = Config()
-    cfg.train.minibatch_steps, cfg.train.epochs, cfg.train.micro_batch_size, cfg.train.max_grad_norm = 1000, 1, 1, 1e9
+    cfg.train.minibatch_steps, cfg.train.epochs, cfg.train.micro_batch_size = MINIBATCH_STEPS, 1, 1
+    cfg.train.max_grad_norm = 1e9
+    if mode == "fsdp_nan":  # one mini-batch: the skip, not the weighting, is what this mode checks
+        cfg.train.minibatch_steps = 1000
     if mode == "dp_episode":  # this project's earlier weighting: every episode weighs 1
         cfg.loss.aggregation = "episode"
         for s in mine:
             s.weights = [1.0 / len(s.advantages)] * len(s.advantages)
     with full_weights(model):
         compute_old_logprobs(model, mine, PAD, accelerator.device, 1)
-    for s in mine:  # an off-policy-like ratio != 1, so the clip and the ratio both matter
-        s.old_logp = [v - 0.1 for v in s.old_logp]
+    for e, s in zip(held, mine):
+        s.old_logp = shifted(s.old_logp, e)
     if mode == "fsdp_nan" and accelerator.process_index == 1:  # one rank's loss is NaN: every rank must skip
         mine[0].old_logp = [float("nan")] * len(mine[0].old_logp)
-    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
-    metrics = update(model, optimizer, mine, cfg, accelerator, "on_policy_tips", PAD, random.Random(0),
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LR)
+    metrics = update(model, optimizer, mine, cfg, accelerator, "on_policy_tips", PAD, random.Random(SEED),
                      sharded=mode.startswith("fsdp"))
     full = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p) for n, p in model.named_parameters()}
     state = {n: p.detach().clone() for n, p in full.items()}
     grads = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone()
-             for n, p in model.named_parameters()}  # the last (here: the only) mini-batch's gradient
+             for n, p in model.named_parameters()}  # the last mini-batch's gradient
     padding = gather_objects(accelerator, metrics["padding_passes"])  # zero-weight micro-batches, per rank
     skipped = gather_objects(accelerator, metrics["skipped_updates"])
     loss = sum(gather_objects(accelerator, metrics["loss"]))  # each rank holds its part of the mini-batch loss

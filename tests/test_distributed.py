@@ -1,6 +1,7 @@
-"""Several processes on CPU (gloo): the sample-weighted update of 2 ranks equals 1 process, through data parallel
-and through FSDP2; `accelerate launch` with the shipped FSDP config trains, checkpoints and resumes; launch options
-this trainer does not support stop with one line (runtime.check_launch)."""
+"""Several processes on CPU (gloo): the update of 2 ranks, through data parallel and through FSDP2, and of 1 process
+equals a hand-written reference in which every step weighs the same in every mini-batch; `accelerate launch` with
+the shipped FSDP config trains, checkpoints and resumes; launch options this trainer does not support stop with one
+line (runtime.check_launch)."""
 import json
 import math
 import subprocess
@@ -14,6 +15,7 @@ import yaml
 from config import ModelConfig
 from conftest import clean_env, free_port
 from runtime import LaunchError, check_launch
+from samples import minibatch_normaliser
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "tests" / "distributed_update.py")
@@ -43,47 +45,77 @@ def updates(tmp_path_factory):
     return results
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("mode", ["dp", "fsdp"])
-def test_two_ranks_with_unequal_samples_update_like_one_process(updates, mode):
-    """Rank 0 holds 3 samples, rank 1 holds 2: the weights after the step equal the 1-process step on all 5."""
-    single, multi = updates["single"]["weights"], updates[mode]["weights"]
-    change = max((single[k] - multi[k]).abs().max().item() for k in single)
-    assert change < 1e-6, f"{mode} differs from one process by {change}"
-    from distributed_update import tiny_model
-
-    initial = dict(tiny_model().named_parameters())
-    moved = max((single[k] - initial[k]).abs().max().item() for k in single)
-    assert moved > 1e-2  # SGD moved the weights: the equality is not between two untouched models
-    if mode == "fsdp":  # rank 1 ran one zero-weight padding micro-batch to match rank 0's three
-        assert updates[mode]["padding_passes"] == [0.0, 1.0]
-
-
 def relative(a: dict, b: dict) -> float:
     """||a - b|| / ||b|| over all tensors of two parameter dicts."""
     diff = sum(((a[k] - b[k]).double() ** 2).sum() for k in b) ** 0.5
     return (diff / sum((b[k].double() ** 2).sum() for k in b) ** 0.5).item()
 
 
+def change(weights: dict) -> dict:
+    """What the update did: the weights after it minus the initial ones."""
+    from distributed_update import tiny_model
+
+    return {n: weights[n] - p.detach() for n, p in tiny_model().named_parameters()}
+
+
+@pytest.mark.slow
+def test_dp_and_fsdp_take_the_same_steps(updates):
+    """Rank 0 holds 4 episodes, rank 1 holds 2, two mini-batches: data parallel and FSDP move the weights alike,
+    and FSDP pads each mini-batch of the rank with fewer micro-batches with zero-weight ones."""
+    dp, fsdp = updates["dp"]["weights"], updates["fsdp"]["weights"]
+    assert max((dp[k] - fsdp[k]).abs().max().item() for k in dp) < 1e-6
+    assert max(v.abs().max().item() for v in change(dp).values()) > 1e-2  # not two untouched models
+    from distributed_update import RANK_OF
+
+    per_rank = [[sum(RANK_OF[e] == r for e in batch) for r in (0, 1)]
+                for batch in updates["reference"]["two_ranks"]["minibatches"]]  # micro-batches of 1 sample
+    assert updates["fsdp"]["padding_passes"] == [float(sum(max(n) - n[r] for n in per_rank)) for r in (0, 1)]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["single", "dp", "fsdp"])
-def test_packed_episodes_weigh_each_step_as_the_reference_per_step_samples(updates, mode):
-    """Five packed episodes of 1-4 actions (1-5 tokens each) on one process or split 3/2 over two ranks: the loss
-    and the gradient equal the reference's, computed by hand on one sample per step (each step's token mean, then
-    the mean over all steps; tests/distributed_update.py reference_update)."""
-    reference, packed = updates["reference"], updates[mode]
-    assert packed["loss"] == pytest.approx(reference["loss"], rel=1e-6)
-    assert relative(packed["grads"], reference["grads"]) < 1e-6
-    assert relative(packed["weights"], reference["weights"]) < 1e-6
+def test_every_step_weighs_the_same_in_every_minibatch(updates, mode):
+    """Six packed episodes of 1-9 steps, minibatch_steps 10, on one process or split 4/2 over two ranks (whose
+    mini-batches hold 20 steps and 1): after the 2 SGD steps, the weights, the last gradient and the mean loss equal
+    the hand-written reference's (tests/distributed_update.py reference_update): one sample per step, verl's
+    dual-clip loss with ratios in every region, each step's token mean weighing 1 / minibatch_steps."""
+    reference = updates["reference"]["one_process" if mode == "single" else "two_ranks"]
+    assert set(reference["regions"]) == {"inside", "below", "above", "dual"}  # every clip branch is taken
+    trained = updates[mode]
+    assert trained["metrics"]["optimizer_steps"] == 2 and trained["skipped"][0] == 0
+    assert trained["loss"] == pytest.approx(reference["loss"], rel=1e-5)
+    assert relative(trained["grads"], reference["grads"]) < 1e-5
+    assert relative(change(trained["weights"]), change(reference["weights"])) < 1e-5
+
+
+@pytest.mark.slow
+def test_a_normaliser_per_minibatch_would_weigh_the_lone_step_20_times(updates):
+    """Two ranks holding [1, 8, 1, 1] and [1, 9] steps: the shuffle gives mini-batches of 20 steps and 1 step.
+    Dividing each by its own steps (the weighting before issue 40) weighs the lone step 20x each of the others;
+    the update it gives differs from the equal-weight reference, and the trainer's from it, far beyond 1e-5."""
+    reference, per_minibatch = updates["reference"]["two_ranks"], updates["reference"]["two_ranks_per_minibatch"]
+    assert reference["minibatch_steps"] == [20, 1]
+    assert relative(change(per_minibatch["weights"]), change(reference["weights"])) > 0.3
+    assert relative(change(updates["dp"]["weights"]), change(per_minibatch["weights"])) > 0.3
 
 
 @pytest.mark.slow
 def test_episode_weights_differ_from_the_reference(updates):
     """The earlier weighting (each packed episode one sample, its tokens averaged) on the same episodes is what
-    the test above rejects: loss and gradient differ from the per-step reference by far more than its tolerance."""
-    reference, episode = updates["reference"], updates["dp_episode"]
-    assert abs(episode["loss"] - reference["loss"]) / abs(reference["loss"]) > 1e-2
+    the tests above reject: the update differs from the per-step reference by far more than their tolerance."""
+    reference, episode = updates["reference"]["two_ranks"], updates["dp_episode"]
+    assert relative(change(episode["weights"]), change(reference["weights"])) > 1e-2
     assert relative(episode["grads"], reference["grads"]) > 1e-2
+
+
+def test_one_normaliser_weighs_every_step_one_minibatch_share():
+    """By hand: 21 steps, minibatch_steps 10: every mini-batch divides by 10 (each step weighs 1/10); 6 episodes of
+    "episode" aggregation (6 units over 21 steps): 10 x 6 / 21; fewer steps than one mini-batch: the iteration's
+    own units; nothing to learn: 0."""
+    assert minibatch_normaliser(21, 21.0, 10) == 10.0
+    assert minibatch_normaliser(21, 6.0, 10) == pytest.approx(60 / 21)
+    assert minibatch_normaliser(7, 7.0, 10) == 7.0 and minibatch_normaliser(10, 3.5, 10) == 3.5
+    assert minibatch_normaliser(0, 0.0, 10) == 0.0
 
 
 @pytest.mark.slow
