@@ -1,4 +1,4 @@
-"""The batch KV cache (kvcache.py) on synthetic keys/values: its layout against a hand-built padded stack, the
+"""The batch KV cache (engine/kvcache.py) on synthetic keys/values: its layout against a hand-built padded stack, the
 split back per row, the release of the row caches, in-place writes of the static layout, and the peak memory of
 building and splitting a batch (about one copy of the keys/values, measured in a fresh process)."""
 import json
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvcache import PrefixCache, batched_cache, split_cache
+from engine.kvcache import PrefixCache, batched_cache, split_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS, HEADS, DIM = 3, 2, 4
@@ -75,7 +75,7 @@ import json, re, sys
 from pathlib import Path
 import torch
 import transformers.cache_utils  # imported before measuring: batched_cache imports it on first use
-from kvcache import PrefixCache, batched_cache, split_cache
+from engine.kvcache import PrefixCache, batched_cache, split_cache
 
 def resident(key):
     return int(re.search(key + r":\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) * 1024
