@@ -63,7 +63,7 @@ class ModelConfig:
     lora_targets: list[str] = field(  # module names that get LoRA adapters
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
-    # A LoRA adapter folder (models.save_model's output: warmup.py's, or a checkpoint's model/) the adapters start
+    # A LoRA adapter folder (infra.models.save_model's output: tools/warmup.py's, or a checkpoint's model/) the adapters start
     # from instead of a fresh one (B = 0); same rank and targets. "" = fresh. A resume loads its checkpoint instead.
     init_adapter: str = ""
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
@@ -103,10 +103,10 @@ class RolloutConfig:
     # "<action>" makes SmolLM2-135M write a WebShop action (well-formed 0 % -> 75 %, results/webshop_cpu/probe.md).
     action_prefix: str = ""
     generation_batch_size: int = 0  # 0 = all live episodes in one generate call; >0 caps the batch
-    # Keep each episode's KV cache between turns and feed only the new tokens (generation.py); the group's shared
+    # Keep each episode's KV cache between turns and feed only the new tokens (engine/generation.py); the group's shared
     # first message is encoded once and the tip reuses the episode's cache. false = re-encode every turn.
     kv_reuse: bool = True
-    # The batch KV cache of a generate call (kvcache.py): "static" = pre-sized once per call, each decode step writes
+    # The batch KV cache of a generate call (engine/kvcache.py): "static" = pre-sized once per call, each decode step writes
     # its position in place; "dynamic" = transformers' DynamicCache, which concatenates (copies) every layer's
     # keys/values at every token. The same tokens either way (tests/test_generation.py).
     kv_cache: str = "static"
@@ -197,7 +197,7 @@ class LossConfig:
     gigpo_episode_stats: str = "step"
     # + kl_coef x KL(pi || pi_ref) per action token, weighted as the surrogate (verl-agent: 0.01, low_var_kl; the
     # paper's ScienceWorld recipe: 0). pi_ref = the initial policy: LoRA: the base model (adapters disabled, no
-    # copy); model.lora=false: a frozen copy loaded in model.dtype (models.load_reference; 7B bf16: +15.2 GB, /N FSDP).
+    # copy); model.lora=false: a frozen copy loaded in model.dtype (infra.models.load_reference; 7B bf16: +15.2 GB, /N FSDP).
     kl_coef: float = 0.0
     kl_estimator: str = "low_var_kl"  # low_var_kl (k3) | k1 | k2 (losses.reference_kl)
 
@@ -224,11 +224,11 @@ class TrainConfig:
     eval_temperature: float = 0.4  # sampling temperature of validation / evaluation (reference: 0.4)
     save_every: int = 10  # 0 = only at the end
     keep_checkpoints: int = 2  # newest checkpoints kept on disk
-    seed: int = 0  # every random stream of the run derives from it (runtime.derive_seed)
+    seed: int = 0  # every random stream of the run derives from it (infra.runtime.derive_seed)
     torch_threads: int = 0  # 0 = leave torch's default
     tensorboard: bool = True  # write TensorBoard events to output_dir/tb
     wandb_project: str = ""  # also log to Weights & Biases (wandb is imported only then; WANDB_MODE=offline works)
-    # Episodes written turn by turn for viewer.py: per iteration and rank to output_dir/episodes/iter_XXXXXX_rankR.jsonl
+    # Episodes written turn by turn for tools/viewer.py: per iteration and rank to output_dir/episodes/iter_XXXXXX_rankR.jsonl
     # (validation: val_XXXXXX.jsonl; eval.py: per evaluation or adaptation step); a seeded sample. -1 = all, 0 = none
     log_episodes: int = 8
 

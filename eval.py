@@ -9,13 +9,13 @@ Protocol (paper §6.1, reference code): no tips, temperature `train.eval_tempera
 (ScienceWorld: the first <= 20 test-split variations of each configured task; WebShop: the 500 test goals), each
 repeated `--episodes_per_task` times (ScienceWorld: 4 by default, as the reference repeats each test row; WebShop:
 1, Table 2's one episode per goal). One episode is a `Case` (task, repeat, seed) that samples from its own seeded
-stream (generation.RowSampler), so a case's episode does not depend on the batch size, the number of processes
+stream (engine.generation.RowSampler), so a case's episode does not depend on the batch size, the number of processes
 (cases are sharded over ranks and gathered) or the other cases; `--write_cases=FILE` writes the list and stops (no
 model is loaded), `--cases=FILE` replays a saved one (committed lists: configs/eval/; only the cases of the
 configured tasks are played). Output, in --output (default OUTPUT_DIR/eval_<run>_<checkpoint>, never a checkpoint
 folder): `eval.json` (every statistic and every episode), `eval.md` (paper Table 1 layout for ScienceWorld: return
 mean ± standard error per task, the s.e. over variations; Table 2 for WebShop: the purchase score and success rate)
-and a seeded sample of `train.log_episodes` episodes, turn by turn, in `episodes/` (viewer.py). `evaluate()` is also
+and a seeded sample of `train.log_episodes` episodes, turn by turn, in `episodes/` (tools/viewer.py). `evaluate()` is also
 the trainer's periodic validation (fixed cases, seeded independently of training).
 
 `--ood=K` (`adapt_with_memory`): the frozen model replays the same cases K more steps, each with the tips it wrote
@@ -36,15 +36,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from checkpoint import generation_settings
+from infra.checkpoint import generation_settings
 from config import Config, ConfigError, config_help, load_config, split_cli, split_options, to_dict
 from envs import make_env_pool
 from envs.base import Task
-from models import load_policy, load_trainable
+from infra.models import load_policy, load_trainable
 from memory import TipEntry, TipMemory
-from metrics import episode_record, sample_for_log, write_episodes
+from infra.metrics import episode_record, sample_for_log, write_episodes
 from rollout import ChatStream, run_episodes, tip_entries, write_tips
-from runtime import LaunchError, check_launch, derive_seed, gather_objects, make_accelerator
+from infra.runtime import LaunchError, check_launch, derive_seed, gather_objects, make_accelerator
 
 
 # Repeats per test item: the ScienceWorld reference repeats every test row 4 times; WebShop's Table 2 is one episode

@@ -32,7 +32,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from branches import branch_inputs
+from engine.branches import branch_inputs
 
 
 AGGREGATIONS = ("step", "episode", "token")
@@ -214,7 +214,7 @@ def sequence_action_logprobs(model, seqs: list[list[int]], masks: list[list[int]
     autocast and FSDP (the LM head belongs to the root unit) see an ordinary forward. Log-probs are fp32 and
     carry the gradient; the entropies are a metric without grad (`action_logprobs`).
     Returns ([n_actions_i] log-probs per sequence, [n_actions_i] entropies per sequence); a first token marked
-    as an action is not scored (nothing predicts it). layouts[i]: a branches.BranchPacked (None: plain causal)."""
+    as an action is not scored (nothing predicts it). layouts[i]: an engine.branches.BranchPacked (None: plain causal)."""
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     attention = torch.zeros((len(seqs), width), dtype=torch.long)
@@ -227,7 +227,7 @@ def sequence_action_logprobs(model, seqs: list[list[int]], masks: list[list[int]
     targets = ids[:, 1:][predicts[:, :-1]]  # [N] the token each kept position predicts, in the same row-major order
     counts = predicts.sum(-1).tolist()
     inputs = dict(attention_mask=attention.to(device))
-    if layouts is not None and any(layout is not None for layout in layouts):  # positions, 4-D mask (branches.py)
+    if layouts is not None and any(layout is not None for layout in layouts):  # positions, 4-D mask (engine/branches.py)
         inputs = branch_inputs(model, seqs, layouts, width, device)
     # As `action_logprobs`, but no name holds the head's output: it is freed once its fp32 log-softmax exists.
     log_probs = F.log_softmax(model(input_ids=ids.to(device), logits_to_keep=predicts.to(device), use_cache=False,
@@ -289,12 +289,12 @@ def compute_old_logprobs(model, samples, pad_id: int, device, micro_batch_size: 
 @torch.no_grad()
 def compute_reference_logprobs(model, samples, pad_id: int, device, micro_batch_size: int, reference=None) -> int:
     """Fill `sample.ref_logp`: log pi_ref of every action token in the context the loss scores it in, once per
-    iteration. pi_ref = `reference`, the frozen copy of the initial policy of a full fine-tune (models.load_reference;
-    under FSDP the caller holds it inside runtime.full_weights), or with reference=None the base model, i.e. the
+    iteration. pi_ref = `reference`, the frozen copy of the initial policy of a full fine-tune (infra.models.load_reference;
+    under FSDP the caller holds it inside infra.runtime.full_weights), or with reference=None the base model, i.e. the
     LoRA policy `model` with its adapters disabled (no second copy). Returns the positions through the forward."""
     scorer = reference if reference is not None else getattr(model, "module", model)  # DDP's wrapper has no adapters
     if reference is None and not hasattr(scorer, "disable_adapter"):
-        raise ValueError("a full fine-tune's KL term needs its frozen reference copy (models.load_reference): "
+        raise ValueError("a full fine-tune's KL term needs its frozen reference copy (infra.models.load_reference): "
                          "pass reference=...; only a LoRA policy is its own reference (adapters disabled)")
     scorer.eval()
     lengths = [len(s.ids) for s in samples]

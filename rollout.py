@@ -4,7 +4,7 @@ One iteration's rollout (docs/algorithm.md):
 * the mode is drawn ONCE per iteration (`draw_mode`): no_memory 0.75, on_policy_tips 0.08, off_policy 0.17;
 * B task rows x N episodes run in lockstep: all live episodes go into ONE batched `generate` call per step (capped at
   `rollout.generation_batch_size`), then all environments step in threads; with `rollout.kv_reuse` each episode
-  keeps its KV cache between turns and a step feeds only its new tokens (generation.py); with `seeds` every episode
+  keeps its KV cache between turns and a step feeds only its new tokens (engine/generation.py); with `seeds` every episode
   samples from its own streams (`Episode.seed`), so its actions do not depend on the rest of the batch;
 * in memory modes the tips retrieved for the current observation are appended to that step's user message as a
   `<tip>` block. `rollout.tip_placement: current_turn` (default) is the paper's pi(a | s_t, u, tips_t): only the
@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 
 from config import MODES, ConfigError, IntrinsicConfig, MemoryConfig, RolloutConfig
 from envs.base import Env, Task
-from generation import ChatStream, generate, prefill
-from kvcache import PrefixCache, supports_kv_reuse
+from engine.generation import ChatStream, generate, prefill
+from engine.kvcache import PrefixCache, supports_kv_reuse
 from memory import TipEntry, TipMemory, tip_block
-from runtime import derive_seed
+from infra.runtime import derive_seed
 
 # The released (grammar-fixed) version of the paper's App. B tip-generation prompt.
 TIP_PROMPT = (
@@ -97,7 +97,7 @@ class Episode:
     anchors: list[str] = field(default_factory=list)  # GiGPO anchor before each action: env.anchor_state() or the obs
     penalties: list[float] = field(default_factory=list)  # invalid-action penalty per step (info["penalty"]; in rewards)
     corrected: list[bool] = field(default_factory=list)  # the env had to correct the action, or penalised it
-    # Per step: log pi of each action token in the context it was sampled in (generation.RowSampler), None where
+    # Per step: log pi of each action token in the context it was sampled in (engine.generation.RowSampler), None where
     # not recorded; the old log-probs of every sample trained in that context (samples.py), without a second forward.
     action_logps: list[list[float] | None] = field(default_factory=list)
     tips_retrieved: list[int] = field(default_factory=list)
@@ -171,7 +171,7 @@ def advantage_return(ep: Episode, intrinsic: IntrinsicConfig) -> float:
 
 
 def generate_actions(model, chat: ChatStream, contexts: list[list[int]], caches=None, **kwargs) -> list[list[int]]:
-    """generation.generate with the chat's pad and eos ids (caches: per-row PrefixCache list, or None)."""
+    """engine.generation.generate with the chat's pad and eos ids (caches: per-row PrefixCache list, or None)."""
     return generate(model, chat.pad_id, chat.eos_id, contexts, caches=caches, **kwargs)
 
 
@@ -294,7 +294,7 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
     groups[i]: the GRPO group of episode i; memory: tips to retrieve in memory modes, and the novelty counts;
     temperature: defaults to cfg.temperature (evaluation passes its own); keep_caches: leave each episode's KV
     cache on `Episode.kv_cache` for `write_tips` (with rollout.kv_reuse; otherwise a cache is freed when its
-    episode ends); seeds[i]: episode i samples from its own streams (generation.RowSampler), independently of the
+    episode ends); seeds[i]: episode i samples from its own streams (engine.generation.RowSampler), independently of the
     other episodes of the batch and of torch's global stream (None: the global stream)."""
     assert len(envs) >= len(tasks), "need one environment per episode"
     env_tips = cfg.tip_source == "environment"
@@ -313,7 +313,7 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
     first_observations = list(observations)
     reached: list[list[str | None]] = [[] for _ in episodes]  # the state after each step (None: env crashed)
     reuse = kv_reuse_enabled(model, cfg)
-    caches: list[PrefixCache | None] = [None] * len(episodes)  # each episode's KV cache (generation.py)
+    caches: list[PrefixCache | None] = [None] * len(episodes)  # each episode's KV cache (engine/generation.py)
     prefix = chat.encode(cfg.action_prefix) if cfg.action_prefix else []  # in the context, never trained
 
     step = 0

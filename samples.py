@@ -9,7 +9,7 @@ An episode (rollout.Episode) becomes one or more `Sample`s, by its layout (docs/
 * `step_sample`       - one step's own prompt: a history window (WebShop), or current-turn tips learned on-policy
                         with train.branch_packing=false, pi(a_t | s_t, u, tips_t): every step had its own context.
 * `branched_sample`   - current-turn tips learned on-policy, pi(a_t | s_t, u, tips_t): the same per-step contexts
-                        as ONE sequence, the tip-free stream once + one branch per step (branches.py).
+                        as ONE sequence, the tip-free stream once + one branch per step (engine/branches.py).
 * `current_turn_off_policy_sample` - current-turn tips learned off-policy: ONE tip-free packed sequence
                         pi(a_t | s_t, u), behaviour log-probs from each step's own with-tip prompt.
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from branches import BranchPacked, pack_branches
+from engine.branches import BranchPacked, pack_branches
 from losses import action_runs, loss_weights
 
 
@@ -158,7 +158,7 @@ def branched_sample(ep, step_adv: list[float]) -> Sample:
     """Current-turn tips learned on-policy, pi(a_t | s_t, u, tips_t): every step was played in its own context
     (the tip-free history + that turn with its tips), the per-step samples of `step_sample`. Packed here as ONE
     sequence: the tip-free stream (`ep.ids`) once, then per step a branch (the rest of its own prompt + its action)
-    that sees the stream only up to where its prompt leaves it, at the positions it had (branches.py). The loss and
+    that sees the stream only up to where its prompt leaves it, at the positions it had (engine/branches.py). The loss and
     gradient equal the per-step samples' at a fraction of the tokens; old log-probs: recorded in those contexts."""
     played = [(s, a) for s, a in zip(ep.steps, step_adv) if s.action_ids]
     points, branches, masks, advantages = [], [], [], []
@@ -187,7 +187,7 @@ def common_prefix(a: list[int], b: list[int], limit: int) -> int:
 def per_step_samples(sample: Sample) -> list[Sample]:
     """An on-policy packed sample -> one sample per action (the prefix up to that action, only it masked): the
     reference's per-step samples. The packed sample's loss equals the token-weighted loss of these, at the
-    price of re-encoding every prefix (bench.py measures it; tests/test_rollout.py checks the equality)."""
+    price of re-encoding every prefix (tools/bench.py measures it; tests/test_rollout.py checks the equality)."""
     runs, start = [], None
     for pos, m in enumerate(sample.mask + [0]):
         if m and start is None:

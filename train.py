@@ -18,7 +18,7 @@ One iteration (paper Algorithm 1; docs/algorithm.md):
     clipping, AdamW. A non-finite loss or gradient norm on any rank skips that optimiser step on every rank (logged).
 The GRPO baseline is this loop with `memory.enabled: false`. `python train.py --help` lists every config key.
 
-Multi-process design (runtime.py checks the launch options first). Data parallel (LoRA, or a full fine-tune that
+Multi-process design (infra/runtime.py checks the launch options first). Data parallel (LoRA, or a full fine-tune that
 fits one GPU): the model is NOT wrapped in DDP. Ranks can hold different numbers of samples (episodes truncate
 differently, window mode has one sample per step), so micro-batch counts differ between ranks and DDP's
 per-backward hooks would deadlock; instead each rank accumulates its share of the mini-batch gradient and the
@@ -26,10 +26,10 @@ gradients are summed with bucketed `accelerator.reduce` calls per optimiser step
 FSDP (full fine-tune of 7B on 8 GPUs, configs/accelerate/fsdp_8gpu.yaml): every decoder layer is sharded; rollout,
 tips and old log-probs run inside `full_weights` (whole layers, no collectives, so ranks may generate different
 lengths); the update pads ranks to equal numbers of micro-batches with zero-weight ones. A full fine-tune's KL
-reference (`loss.kl_coef`, models.load_reference) is sharded the same way and scored inside its own `full_weights`.
+reference (`loss.kl_coef`, infra.models.load_reference) is sharded the same way and scored inside its own `full_weights`.
 
 Outputs in `output_dir`: metrics.jsonl (one line per iteration), tb/ (TensorBoard), metrics.png, config.yaml,
-ranks.json, checkpoints/iter_XXXXXX/ and `--resume` (metrics.py, checkpoint.py).
+ranks.json, checkpoints/iter_XXXXXX/ and `--resume` (infra/metrics.py, infra/checkpoint.py).
 """
 from __future__ import annotations
 
@@ -46,20 +46,20 @@ import torch
 import yaml
 
 from advantages import gigpo_step_advantages, group_advantages, novelty_advantages
-from branches import supported as branches_supported
-from checkpoint import (CheckpointError, check_resume, find_checkpoint, load_checkpoint, save_checkpoint,
+from engine.branches import supported as branches_supported
+from infra.checkpoint import (CheckpointError, check_resume, find_checkpoint, load_checkpoint, save_checkpoint,
                         write_rank_fingerprints)
 from config import Config, ConfigError, config_help, load_config, split_cli, to_dict
 from envs import make_env_pool
 from eval import evaluate
 from losses import compute_old_logprobs, compute_reference_logprobs, length_buckets, padded_tokens, samples_loss
 from memory import TipMemory
-from metrics import (EpisodeStats, MetricsLogger, episode_record, merge_rank_metrics, plot_metrics, sample_for_log,
+from infra.metrics import (EpisodeStats, MetricsLogger, episode_record, merge_rank_metrics, plot_metrics, sample_for_log,
                      write_episodes)
-from models import ModelLoadError, load_policy, load_reference
+from infra.models import ModelLoadError, load_policy, load_reference
 from rollout import (ChatStream, advantage_return, check_prompt_budget, draw_mode, intrinsic_return, novelty_bonus,
                      run_episodes, write_tips)
-from runtime import check_launch, derive_seed, full_weights, gather_objects, make_accelerator, shard_model
+from infra.runtime import check_launch, derive_seed, full_weights, gather_objects, make_accelerator, shard_model
 from samples import Sample, build_samples, minibatch_normaliser, split_by_steps
 
 
@@ -135,7 +135,7 @@ def update(model, optimizer, samples, cfg: Config, accelerator, mode: str, pad_i
             loss_sum += minibatch_loss
             grad_norms.append(grad_norm.item())
     out = {key: value / max(weight, 1.0) for key, value in sums.items()}
-    # This rank's part of the mean mini-batch loss: the ranks' parts add up to it (metrics.SUMMED_KEYS).
+    # This rank's part of the mean mini-batch loss: the ranks' parts add up to it (infra.metrics.SUMMED_KEYS).
     out.update(loss=loss_sum / max(steps, 1), ratio_max=ratio_max, optimizer_steps=float(steps),
                skipped_updates=float(skipped), grad_norm=float(np.mean(grad_norms)) if grad_norms else 0.0,
                samples=float(len(samples)), train_steps=float(sum(s.steps for s in samples)),
@@ -390,7 +390,7 @@ def train(cfg: Config) -> dict:
             update_metrics["old_logp_tokens"] = float(old_positions)  # positions through the old-log-prob forward
             t3 = time.perf_counter()
 
-            if cfg.train.log_episodes:  # a seeded sample, turn by turn, for viewer.py (a crashed one: partial return)
+            if cfg.train.log_episodes:  # a seeded sample, turn by turn, for tools/viewer.py (a crashed one: partial return)
                 records = [episode_record(ep, returns.get(id(ep), advantage_return(ep, cfg.intrinsic))) for ep in episodes]
                 write_episodes(out_dir / "episodes" / f"iter_{iteration:06d}_rank{rank}.jsonl", sample_for_log(
                     records, cfg.train.log_episodes, derive_seed(cfg.train.seed, "log", iteration, rank)))

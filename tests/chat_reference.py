@@ -4,7 +4,7 @@ conversation, with generated action ids spliced in, to check the rollout's token
 `qwen25_tokenizer()`: a byte-level BPE trained with `tokenizers` on a fixed text, padded to Qwen2.5's 151,643
 ordinary tokens so that its special tokens sit at Qwen2.5's ids (<|endoftext|> 151643, <|im_start|> 151644,
 <|im_end|> 151645), Qwen2's pre-tokenizer split, and Qwen2.5-Instruct's chat template (default system prompt,
-ChatML turns; the tool branches are kept although the rollout never uses them): smoke.qwen_tokenizer, which the
+ChatML turns; the tool branches are kept although the rollout never uses them): tools.smoke.qwen_tokenizer, which the
 GPU smoke run uses too.
 
 `render_episode(tokenizer, user_texts, actions)`: the conversation user_texts[0], actions[0], user_texts[1],
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from smoke import QWEN25_CHAT_TEMPLATE, QWEN25_SPECIAL, QWEN25_SYSTEM, qwen_tokenizer  # noqa: F401 (re-exported)
+from tools.smoke import QWEN25_CHAT_TEMPLATE, QWEN25_SPECIAL, QWEN25_SYSTEM, qwen_tokenizer  # noqa: F401 (re-exported)
 
 _CORPUS = [
     "You are in room {n} of house {h}. Answer with one short action.",

@@ -71,7 +71,7 @@ class RoomsEnv(Env):
 @pytest.fixture(scope="session")
 def policy():
     from config import ModelConfig
-    from models import load_policy
+    from infra.models import load_policy
 
     torch.manual_seed(0)
     model, tokenizer = load_policy(ModelConfig(lora_rank=4, lora_alpha=8, lora_targets=["q_proj", "v_proj"]))
@@ -88,7 +88,7 @@ def tiny_folder(tmp_path_factory):
     """A tiny random Qwen2 in a plain HF folder with the SmolLM2 tokenizer (a 7B folder's code path)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from models import SMOLLM2_ALIAS, load_tokenizer, resolve_model_path
+    from infra.models import SMOLLM2_ALIAS, load_tokenizer, resolve_model_path
 
     folder = tmp_path_factory.mktemp("tiny")
     tokenizer = load_tokenizer(resolve_model_path(SMOLLM2_ALIAS))

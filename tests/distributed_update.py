@@ -23,7 +23,7 @@ Each rank of a 2-process run writes OUT.pt.rank<R>.done once its work is done an
 barrier, then leaves with os._exit(0): the update is what this script measures, and a rank of the `dp` launch has
 died in CI with SIGABRT ("terminate called without an active exception", the signature of a C++ thread left
 joinable, as in the gloo process group's teardown at interpreter exit), failing the launch. The project's own exit
-path (runtime.end_process_group, registered by make_accelerator) is tested by test_distributed.py's at-exit test
+path (infra.runtime.end_process_group, registered by make_accelerator) is tested by test_distributed.py's at-exit test
 and by its `accelerate launch train.py` tests. faulthandler prints every thread's Python stack should a rank still
 abort.
 """
@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from config import Config  # noqa: E402
 from losses import compute_old_logprobs  # noqa: E402
 from samples import Sample  # noqa: E402
-from runtime import Launch, full_weights, gather_objects, make_accelerator, shard_model  # noqa: E402
+from infra.runtime import Launch, full_weights, gather_objects, make_accelerator, shard_model  # noqa: E402
 from train import update  # noqa: E402
 
 VOCAB, PAD = 97, 0

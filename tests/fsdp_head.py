@@ -3,7 +3,7 @@
     torchrun --nproc_per_node 2 tests/fsdp_head.py OUT_DIR
 
 For a tied and an untied tiny Qwen2 (full fine-tune: fp32 master weights, bf16 compute), with and without
-`models.use_fp32_lm_head`, sharded by `runtime.shard_model`: inside `full_weights` (generation, old log-probs) one
+`infra.models.use_fp32_lm_head`, sharded by `infra.runtime.shard_model`: inside `full_weights` (generation, old log-probs) one
 forward records the LM head's input, its logits, the dtype of the head's gathered weight and of a decoder layer's,
 and the largest difference to the head applied in fp32 to that input with the unsharded fp32 master weights (a
 copy taken before sharding). Then one sharded forward + backward + AdamW step: every gradient finite. Each rank
@@ -18,8 +18,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models import use_fp32_lm_head  # noqa: E402
-from runtime import Launch, full_weights, make_accelerator, shard_model  # noqa: E402
+from infra.models import use_fp32_lm_head  # noqa: E402
+from infra.runtime import Launch, full_weights, make_accelerator, shard_model  # noqa: E402
 
 
 def tiny_model(tie: bool):

@@ -5,8 +5,8 @@
 
 save: shard the model, take two AdamW steps on rank-dependent tokens, write OUT_DIR/rank{r}_saved.pt (this rank's
 optimizer state: the local shard of every exp_avg / exp_avg_sq, every step, the param groups), checkpoint with
-checkpoint.save_checkpoint, take a third step and write OUT_DIR/rank{r}_uninterrupted.pt (this rank's weight shards).
-resume (new processes): a fresh model and optimizer, checkpoint.load_checkpoint, write OUT_DIR/rank{r}_loaded.pt
+infra.checkpoint.save_checkpoint, take a third step and write OUT_DIR/rank{r}_uninterrupted.pt (this rank's weight shards).
+resume (new processes): a fresh model and optimizer, infra.checkpoint.load_checkpoint, write OUT_DIR/rank{r}_loaded.pt
 (the same record, plus every torch.load this rank made: file name and mmap flag), take the third step and write
 OUT_DIR/rank{r}_resumed.pt.
 """
@@ -17,10 +17,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import checkpoint  # noqa: E402
+from infra import checkpoint  # noqa: E402
 from config import ModelConfig  # noqa: E402
-from models import load_policy  # noqa: E402
-from runtime import Launch, make_accelerator, shard_model  # noqa: E402
+from infra.models import load_policy  # noqa: E402
+from infra.runtime import Launch, make_accelerator, shard_model  # noqa: E402
 
 
 def local(t: torch.Tensor) -> torch.Tensor:

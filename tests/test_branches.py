@@ -1,4 +1,4 @@
-"""branches.py: one branch-packed forward per episode gives the same action log-probs and gradients as scoring
+"""engine/branches.py: one branch-packed forward per episode gives the same action log-probs and gradients as scoring
 each step's `trunk[:p_t] + delta_t + action_t` as its own sequence (SDPA, eager, peft LoRA)."""
 import random
 import warnings
@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import branches
-from branches import BranchPacked, branch_attention_mask, forward_tokens, pack_branches
+from engine import branches
+from engine.branches import BranchPacked, branch_attention_mask, forward_tokens, pack_branches
 from losses import sequence_action_logprobs
 
 

@@ -1,5 +1,5 @@
 """Resuming an FSDP2 run restores every rank's AdamW shards exactly, with only rank 0 reading optimizer.pt (memory-
-mapped) and the other ranks receiving their shards by broadcast (checkpoint.load_optimizer): 2 CPU processes, gloo.
+mapped) and the other ranks receiving their shards by broadcast (infra.checkpoint.load_optimizer): 2 CPU processes, gloo.
 Without FSDP the mapped state is restored exactly and copied out of the file before training uses it."""
 import subprocess
 import sys
@@ -74,7 +74,7 @@ def test_the_step_after_resume_equals_the_uninterrupted_step(resumed):
 
 
 def test_data_parallel_state_is_restored_exactly_and_does_not_view_the_file(tmp_path):
-    from checkpoint import load_optimizer
+    from infra.checkpoint import load_optimizer
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 8))

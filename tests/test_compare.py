@@ -1,4 +1,4 @@
-"""compare.py by hand (fast, no model): permutation test, Welch's t, bootstrap CI, curve area, the runner's bookkeeping."""
+"""tools/compare.py by hand (fast, no model): permutation test, Welch's t, bootstrap CI, curve area, the runner's bookkeeping."""
 import json
 import math
 import os
@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-import compare
+from tools import compare
 
 
 def test_exact_permutation_test_by_hand():
@@ -225,7 +225,7 @@ def test_an_output_folder_keeps_the_setting_of_its_runs(tmp_path):
 def test_the_warmup_setting_is_the_second_plus_a_warmup_that_every_run_of_its_seed_waits_for(tmp_path, monkeypatch):
     assert compare.SETTINGS["difficulty1_warmup"] == compare.SETTINGS["difficulty1"]
     assert compare.WARMUPS["difficulty1_warmup"] == ["--family=garden", "--epochs=3", "--lr=3e-4"]
-    monkeypatch.setattr(compare, "WARMUP", ["--family=garden", "--epochs=0"])  # warmup.py refuses 0 epochs
+    monkeypatch.setattr(compare, "WARMUP", ["--family=garden", "--epochs=0"])  # tools/warmup.py refuses 0 epochs
     monkeypatch.setattr(compare, "SETTING_NAME", "difficulty1_warmup")
     monkeypatch.setattr(compare, "SETTING", compare.SETTINGS["difficulty1_warmup"])
     monkeypatch.setitem(compare.SIGNALS, "received", 0)
@@ -234,7 +234,7 @@ def test_the_warmup_setting_is_the_second_plus_a_warmup_that_every_run_of_its_se
     assert compare.pending_runs(tmp_path, [0, 1], ["grpo"]) == [("warmup", 0), ("base", 0), ("grpo", 0),
                                                                 ("base", 1), ("grpo", 1)]
     assert compare.start_from(tmp_path, 1) == [f"--model.init_adapter={tmp_path / 'runs' / 'warmup_s1'}"]
-    # A real warmup.py that fails (a config error, before any model loads): no other run of its seed starts.
+    # A real tools/warmup.py that fails (a config error, before any model loads): no other run of its seed starts.
     failures = compare.run_grid(tmp_path, [0], ["grpo"], 2, [])
     assert failures[0].startswith("the warm-up of seed 0 failed")
     assert sorted(failures[1:]) == ["base seed 0 not started: the seed's warm-up did not finish",
@@ -261,8 +261,8 @@ sys.exit(10 + len(received))
 
 
 def test_run_command_passes_each_signal_on_once_to_a_run_in_its_own_session(tmp_path, monkeypatch):
-    """`compare.py run` stopped by Ctrl-C / SIGTERM: each signal reaches every running run exactly once (train.py
-    checkpoints on the first and stops at once on a second), and only through compare.py (own session)."""
+    """`python -m tools.compare run` stopped by Ctrl-C / SIGTERM: each signal reaches every running run exactly once (train.py
+    checkpoints on the first and stops at once on a second), and only through tools/compare.py (own session)."""
     monkeypatch.setitem(compare.SIGNALS, "received", 0)
     ready, result = tmp_path / "ready", {}
     worker = threading.Thread(target=lambda: result.update(

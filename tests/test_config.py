@@ -132,7 +132,7 @@ def test_help_lists_every_key_with_its_default_and_help():
 def test_kl_to_the_reference_needs_a_non_negative_coefficient_and_a_known_estimator():
     assert load_config("configs/webshop_empo2.yaml").loss.kl_coef == 0.01
     assert load_config("configs/scienceworld_empo2.yaml").loss.kl_coef == 0.0  # the paper's ScienceWorld recipe
-    # A full fine-tune scores a frozen reference copy (models.load_reference), so it may have the KL term too.
+    # A full fine-tune scores a frozen reference copy (infra.models.load_reference), so it may have the KL term too.
     assert load_config(None, ["--loss.kl_coef=0.01", "--model.lora=false"]).loss.kl_coef == 0.01
     with pytest.raises(ConfigError, match="loss.kl_coef must be >= 0"):
         load_config(None, ["--loss.kl_coef=-0.01"])

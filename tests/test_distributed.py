@@ -1,7 +1,7 @@
 """Several processes on CPU (gloo): the update of 2 ranks, through data parallel and through FSDP2, and of 1 process
 equals a hand-written reference in which every step weighs the same in every mini-batch; `accelerate launch` with
 the shipped FSDP config trains, checkpoints and resumes; launch options this trainer does not support stop with one
-line (runtime.check_launch)."""
+line (infra.runtime.check_launch)."""
 import json
 import math
 import subprocess
@@ -14,7 +14,7 @@ import yaml
 
 from config import ModelConfig
 from conftest import clean_env, free_port
-from runtime import LaunchError, check_launch
+from infra.runtime import LaunchError, check_launch
 from samples import minibatch_normaliser
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -159,7 +159,7 @@ def report_at_exit():
     report.close()
 atexit.register(report_at_exit)  # registered first, so it runs last: after the project's own exit handler
 sys.path.insert(0, {root!r})
-from runtime import make_accelerator
+from infra.runtime import make_accelerator
 accelerator = make_accelerator()
 accelerator.wait_for_everyone()
 report.write("world %d\\n" % accelerator.num_processes)

@@ -198,7 +198,7 @@ def test_a_hub_id_resolves_from_the_local_hub_cache(tmp_path, tiny_folder):
 
 
 def test_logged_episodes_are_a_capped_seeded_sample_in_order():
-    from metrics import sample_for_log
+    from infra.metrics import sample_for_log
 
     records = [{"i": i} for i in range(10)]
     three = sample_for_log(records, 3, seed=5)

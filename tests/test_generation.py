@@ -1,4 +1,4 @@
-"""KV-cache reuse (generation.py) against re-encoding, with the real SmolLM2-135M in fp32 and greedy decoding.
+"""KV-cache reuse (engine/generation.py) against re-encoding, with the real SmolLM2-135M in fp32 and greedy decoding.
 
 Reuse must not change what the model does: over multi-turn conversations of different lengths in one batch,
 with an action that stops at eos early, one that hits the token limit, episodes that finish early and drop out,
@@ -11,8 +11,8 @@ import torch
 
 from config import RolloutConfig
 from envs.base import Env, Task
-from generation import NonFiniteScoresError, RowSampler, ScoreCheck, cut_at_eos, generate, left_pad, prefill
-from kvcache import PrefixCache
+from engine.generation import NonFiniteScoresError, RowSampler, ScoreCheck, cut_at_eos, generate, left_pad, prefill
+from engine.kvcache import PrefixCache
 from memory import TipEntry, TipMemory
 from rollout import ChatStream, run_episodes, write_tips
 
@@ -188,7 +188,7 @@ def test_bf16_option_trains_with_kv_reuse_and_fp32_log_probs(tmp_path, tiny_fold
 
     from config import load_config
     from losses import sequence_action_logprobs
-    from models import load_policy
+    from infra.models import load_policy
     from train import train
 
     config = Path(__file__).resolve().parents[1] / "configs" / "sanity_empo2.yaml"

@@ -1,4 +1,4 @@
-"""The batch KV cache (kvcache.py) on synthetic keys/values: its layout against a hand-built padded stack, the
+"""The batch KV cache (engine/kvcache.py) on synthetic keys/values: its layout against a hand-built padded stack, the
 split back per row, the release of the row caches, in-place writes of the static layout, and the peak memory of
 building and splitting a batch (about one copy of the keys/values, measured in a fresh process)."""
 import json
@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvcache import PrefixCache, batched_cache, split_cache
+from engine import kvcache
+from engine.kvcache import PrefixCache, batched_cache, split_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS, HEADS, DIM = 3, 2, 4
@@ -22,6 +23,29 @@ def row_cache(n: int, seed: int) -> PrefixCache:
     return PrefixCache(tokens=list(range(100 + seed, 100 + seed + n)),
                        keys=[torch.randn(HEADS, n, DIM, generator=g) for _ in range(LAYERS)],
                        values=[torch.randn(HEADS, n, DIM, generator=g) for _ in range(LAYERS)])
+
+
+def test_the_transformers_internals_are_the_checked_ones():
+    """engine/kvcache.py builds on transformers' private layer-wise cache: on another minor version, or with a
+    member of TRANSFORMERS_PRIVATE_API gone, stop here rather than let a cache compute something else."""
+    problems = kvcache.transformers_api_problems()
+    assert not problems, ("engine/kvcache.py relies on transformers internals (TRANSFORMERS_PRIVATE_API) checked "
+                          f"against transformers {kvcache.TRANSFORMERS_CHECKED}: " + "; ".join(problems) +
+                          ". Re-read transformers/cache_utils.py, re-run tests/test_kvcache.py and "
+                          "tests/test_generation.py, then update TRANSFORMERS_CHECKED.")
+
+
+def test_the_internals_check_sees_another_version_and_a_missing_member(monkeypatch):
+    import transformers
+
+    DynamicLayer = kvcache.transformers_cache_classes()[2]
+    monkeypatch.setattr(transformers, "__version__", "9.1.0")
+    monkeypatch.setattr(DynamicLayer, "__init__", lambda self: None)  # a layer without its fields
+    monkeypatch.setattr(DynamicLayer, "lazy_initialization", lambda self, k, v: None)
+    problems = kvcache.transformers_api_problems()
+    assert "transformers 9.1.0 installed" in problems[0]
+    assert problems[1:] == ["transformers.cache_utils.DynamicLayer lacks ['keys', 'values', 'is_initialized', "
+                            "'device']"]
 
 
 @pytest.mark.parametrize("kind", ["dynamic", "static"])
@@ -75,7 +99,7 @@ import json, re, sys
 from pathlib import Path
 import torch
 import transformers.cache_utils  # imported before measuring: batched_cache imports it on first use
-from kvcache import PrefixCache, batched_cache, split_cache
+from engine.kvcache import PrefixCache, batched_cache, split_cache
 
 def resident(key):
     return int(re.search(key + r":\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) * 1024

@@ -12,12 +12,16 @@ ROOT = Path(__file__).resolve().parents[1]
 CORE = ("train.py", "rollout.py", "samples.py", "losses.py", "advantages.py", "memory.py", "eval.py")
 
 
+PACKAGES = ("engine", "infra", "tools", "envs")  # the generation engine, the infrastructure, the tools, environments
+
+
 def project_modules() -> dict[str, Path]:
-    """{dotted module name: file} for the top-level modules and everything under envs/."""
+    """{dotted module name: file} for the top-level modules and everything under the packages."""
     modules = {path.stem: path for path in ROOT.glob("*.py")}
-    for path in (ROOT / "envs").rglob("*.py"):
-        parts = path.relative_to(ROOT).with_suffix("").parts
-        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return modules
 
 
@@ -69,6 +73,23 @@ def test_no_import_circles():
     assert graph["train"] >= {"rollout", "losses", "memory", "eval"}  # the walk sees real imports
     cycle = find_cycle(graph)
     assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+def test_layering():
+    """engine/ and infra/ sit below the algorithm: they import neither a top-level module (train, rollout, samples,
+    losses, ..., config aside) nor tools/; nothing outside tools/ imports tools/ (tests and results/ scripts may)."""
+    modules = project_modules()
+    graph = {name: imported_modules(name, path, set(modules)) for name, path in modules.items()}
+    assert {"engine.generation", "engine.kvcache", "infra.models", "tools.bench"} <= set(graph)
+    assert "engine.kvcache" in graph["engine.generation"] and "infra.models" in graph["train"]  # the walk sees them
+    top_level = {name for name in modules if "." not in name and name not in PACKAGES and name != "config"}
+    for name, imports in graph.items():
+        if name.startswith(("engine", "infra")):
+            below = {m for m in imports if m in top_level or m.partition(".")[0] == "tools"}
+            assert not below, f"{name} (engine/infra) imports {sorted(below)}"
+        if name.partition(".")[0] != "tools":
+            tools = {m for m in imports if m.partition(".")[0] == "tools"}
+            assert not tools, f"{name} imports the tools {sorted(tools)}"
 
 
 def test_the_cycle_finder_finds_cycles():

@@ -22,7 +22,7 @@ from config import load_config
 from envs.base import Env, Task
 from losses import sequence_action_logprobs
 from memory import TipEntry, TipMemory, tip_block
-from models import load_policy
+from infra.models import load_policy
 from rollout import ChatStream, Episode, run_episodes
 from samples import build_samples
 
@@ -192,7 +192,7 @@ def test_training_raises_the_paying_commands_probability(tmp_path):
     from pathlib import Path
 
     from envs.sanity import SanityEnv
-    from models import load_trainable
+    from infra.models import load_trainable
     from train import train
 
     config = Path(__file__).resolve().parents[1] / "configs" / "sanity_grpo.yaml"

@@ -33,7 +33,7 @@ def tiny_model(peft: bool = False):
         return model
     from peft import LoraConfig, get_peft_model
 
-    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})  # as models.py
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})  # as infra/models.py
     model.enable_input_require_grads()
     with warnings.catch_warnings():  # peft reads the deprecated `is_gradient_checkpointing`
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)

@@ -366,7 +366,7 @@ def test_kl_term_adds_coef_times_weighted_kl_and_its_gradient():
 def test_reference_logprobs_are_the_base_models_with_lora_disabled(policy):
     from config import ModelConfig
     from losses import compute_reference_logprobs
-    from models import load_policy
+    from infra.models import load_policy
     from samples import Sample
     model, tokenizer = policy
     lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
@@ -406,11 +406,11 @@ def scored(model, ids: list[int], positions) -> list[float]:
 
 @pytest.mark.slow
 def test_full_fine_tuning_reference_stays_the_initial_model_after_a_step(tiny_folder):
-    """model.lora=false: after an AdamW step that moves the policy, the frozen copy (models.load_reference) still
+    """model.lora=false: after an AdamW step that moves the policy, the frozen copy (infra.models.load_reference) still
     scores exactly what a freshly loaded initial model does, and no longer what the policy does."""
     from config import ModelConfig
     from losses import compute_reference_logprobs
-    from models import load_policy, load_reference
+    from infra.models import load_policy, load_reference
     from samples import Sample
     cfg = ModelConfig(name_or_path=tiny_folder, lora=False)
     model, tokenizer = load_policy(cfg)
@@ -430,7 +430,7 @@ def test_full_fine_tuning_reference_stays_the_initial_model_after_a_step(tiny_fo
     assert max(abs(a - b) for a, b in zip(sample.ref_logp, expected)) <= 5e-5  # as the LoRA test: summation order
     moved = max(abs(a - b) for a, b in zip(scored(model, ids, positions), expected))
     assert moved > 1e-3, moved  # the step changed the policy, so the equality above is not trivial
-    with pytest.raises(ValueError, match="models.load_reference"):  # a full fine-tune is not its own reference
+    with pytest.raises(ValueError, match="infra.models.load_reference"):  # a full fine-tune is not its own reference
         compute_reference_logprobs(model, [sample], tokenizer.pad_token_id, "cpu", 4)
 
 
@@ -440,7 +440,7 @@ def test_full_fine_tuning_reference_is_frozen_and_scores_as_the_untrained_policy
     as the untrained policy (fp32 master weights under autocast): the decoder's linear weights stored in bf16 (what
     autocast casts them to), everything else fp32 as the policy's, so KL(pi || pi_ref) starts at 0."""
     from config import ModelConfig
-    from models import load_policy, load_reference
+    from infra.models import load_policy, load_reference
     ids = list(range(5, 40))
     for fp32_head in (True, False):
         cfg = ModelConfig(name_or_path=tiny_folder, lora=False, dtype="bfloat16", fp32_lm_head=fp32_head)

@@ -1,4 +1,4 @@
-"""models.py: the SmolLM2 alias (converted once into the real EMPO2_CACHE, reused by later test files), a local
+"""infra/models.py: the SmolLM2 alias (converted once into the real EMPO2_CACHE, reused by later test files), a local
 Qwen2 folder, LoRA vs full fine-tune, checkpoint round trips, and short errors for missing models."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import models
+from infra import models
 from config import ModelConfig
 
 PROMPT = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
@@ -214,7 +214,7 @@ def test_lora_in_bf16_keeps_fp32_adapters_over_a_bf16_base(qwen_folder):
 @pytest.mark.slow
 def test_every_eos_id_of_the_generation_config_stops_a_row(qwen_folder):
     """Qwen2.5's generation config lists two eos ids; the folder's lists [2, 0] (like <|im_end|>, <|endoftext|>)."""
-    from generation import cut_at_eos, generate, stop_ids
+    from engine.generation import cut_at_eos, generate, stop_ids
 
     model, _ = models.load_policy(_tiny(qwen_folder))
     assert stop_ids(model, 2) == [2, 0]

@@ -6,7 +6,7 @@ import torch
 
 from config import RolloutConfig
 from envs.base import Task
-from generation import FirstLineStop, generate
+from engine.generation import FirstLineStop, generate
 from losses import compute_old_logprobs
 from memory import TipEntry, TipMemory
 from rollout import ChatStream, clean_tip, run_episodes

@@ -1,4 +1,4 @@
-"""plots.py on real data: learning curves from the committed sanity runs (results/sanity/runs), OOD adaptation curves
+"""tools/plots.py on real data: learning curves from the committed sanity runs (results/sanity/runs), OOD adaptation curves
 from hand-made eval.json files whose best step and gain are known, and the CLI's one-line errors (exit code 2)."""
 import json
 import struct
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import plots
+from tools import plots
 
 ROOT = Path(__file__).resolve().parents[1]
 SANITY = ROOT / "results" / "sanity" / "runs"
@@ -110,10 +110,10 @@ def test_cli_writes_both_figures(tmp_path, capsys):
 
 def test_cli_error_for_a_missing_folder_is_one_line(tmp_path):
     missing = tmp_path / "no_such_run"
-    proc = subprocess.run([sys.executable, str(ROOT / "plots.py"), "--runs", f"EMPO2={missing}", "--out",
-                           str(tmp_path / "out")], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "tools.plots", "--runs", f"EMPO2={missing}", "--out",
+                           str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.strip().splitlines() == [f"plots.py: error: no such run folder: {missing}"]
+    assert proc.stderr.strip().splitlines() == [f"python -m tools.plots: error: no such run folder: {missing}"]
     assert not (tmp_path / "out").exists()
 
 

@@ -1,4 +1,4 @@
-"""model.fp32_lm_head (models.use_fp32_lm_head): in bf16 the LM head computes in fp32, in LoRA and full fine-tuning
+"""model.fp32_lm_head (infra.models.use_fp32_lm_head): in bf16 the LM head computes in fp32, in LoRA and full fine-tuning
 (autocast) and under FSDP2, so its logits are the fp32 head applied to the decoder's bf16 output, never rounded.
 Measured against an independent fp32 model on the same (bf16-representable) weights; tolerances in each test."""
 import subprocess
@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import smoke
+from tools import smoke
 from config import ModelConfig
-from generation import generate
+from engine.generation import generate
 from losses import sequence_action_logprobs
-from models import ModelLoadError, load_policy, use_fp32_lm_head
+from infra.models import ModelLoadError, load_policy, use_fp32_lm_head
 from rollout import ChatStream
 
 from conftest import clean_env, free_port

@@ -57,7 +57,7 @@ def test_scienceworld_step_zero_puts_the_tips_before_the_naive_instruction():
 def test_step_zero_on_the_chat_template_has_the_tips_then_the_instruction():
     """full_history_turn's step-0 delta is SmolLM2's chat template of the first message with the block spliced in
     before its closing instruction; the tip-free twin is the template of the message as the environment wrote it."""
-    from models import SMOLLM2_ALIAS, load_tokenizer, resolve_model_path
+    from infra.models import SMOLLM2_ALIAS, load_tokenizer, resolve_model_path
 
     tokenizer = load_tokenizer(resolve_model_path(SMOLLM2_ALIAS))
     chat = ChatStream(tokenizer)

@@ -155,7 +155,7 @@ def test_resume_drops_the_interrupted_iterations_rows_and_refuses_a_changed_run(
 def test_a_checkpoint_older_than_a_config_key_resumes_with_its_default_and_refuses_another(tmp_path):
     """A checkpoint written before the code gained a key (its config.json lacks it) ran, in effect, with the key's
     default: resuming with the default continues it, resuming with another value is refused by name."""
-    from checkpoint import check_resume
+    from infra.checkpoint import check_resume
     from config import Config, to_dict
 
     folder = tmp_path / "iter_000001"
@@ -198,7 +198,7 @@ def test_sigterm_finishes_the_iteration_checkpoints_and_exits_zero(tmp_path, tin
 def test_a_checkpoint_that_fails_half_way_keeps_the_previous_one_and_says_so(tmp_path, tiny_folder, monkeypatch):
     import torch
 
-    import checkpoint
+    from infra import checkpoint
     from train import train
 
     out = tmp_path / "run"

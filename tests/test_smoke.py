@@ -1,5 +1,5 @@
-"""The smoke mode (smoke.py, `python bench.py --smoke`) at its CPU size: the model folder it writes from nothing
-loads through the real code path as a Qwen2.5 folder would, and its checks (a)-(d) pass on CPU; bench.py's
+"""The smoke mode (tools/smoke.py, `python -m tools.bench --smoke`) at its CPU size: the model folder it writes from nothing
+loads through the real code path as a Qwen2.5 folder would, and its checks (a)-(d) pass on CPU; tools/bench.py's
 decode floor and FLOP counts against hand arithmetic; a bad --device is one line."""
 import subprocess
 import sys
@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import bench
-import smoke
+from tools import bench
+from tools import smoke
 from config import ModelConfig
-from models import load_policy
+from infra.models import load_policy
 from rollout import ChatStream
 
 from chat_reference import render_episode
@@ -27,7 +27,7 @@ def folder(tmp_path_factory):
 @pytest.mark.slow
 def test_the_folder_is_a_qwen25_shaped_model_with_qwen_chat_tokens(folder):
     model, tokenizer = load_policy(ModelConfig(name_or_path=folder, lora_rank=4))
-    assert "Qwen2" not in type(tokenizer).__name__  # the generic fast class, not Qwen2Tokenizer (models.load_tokenizer)
+    assert "Qwen2" not in type(tokenizer).__name__  # the generic fast class, not Qwen2Tokenizer (infra.models.load_tokenizer)
     assert tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]) == [151643, 151644, 151645]
     assert model.config.vocab_size == 151936 and model.config.model_type == "qwen2"
     assert set(model.generation_config.eos_token_id) == {151645, 151643}
@@ -93,7 +93,7 @@ def test_decode_floor_and_flops_match_hand_arithmetic():
 
 
 def test_a_bad_device_is_one_line():
-    proc = subprocess.run([sys.executable, "bench.py", "--smoke", "--device", "gpu"], cwd=ROOT, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "tools.bench", "--smoke", "--device", "gpu"], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 1
     assert proc.stderr.strip() == "error: --device=gpu is not a torch device (cpu, cuda, cuda:1, ...)", proc.stderr

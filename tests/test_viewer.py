@@ -1,4 +1,4 @@
-"""viewer.py: a real two-iteration training run (tiny random Qwen2, sanity env, tips in the prompts of iteration 2)
+"""tools/viewer.py: a real two-iteration training run (tiny random Qwen2, sanity env, tips in the prompts of iteration 2)
 rendered through Flask's test client and in headless Chromium; hostile text is escaped; unknown names are 404s."""
 import html
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from config import load_config
-from viewer import main, make_app
+from tools.viewer import main, make_app
 
 try:
     from selenium import webdriver

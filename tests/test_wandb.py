@@ -1,5 +1,5 @@
 """Weights & Biases, offline: a run that crashes between logging an iteration and checkpointing it, and its
-`--resume`, log to ONE wandb run with every iteration once (metrics.py, MetricsLogger). What wandb wrote is read
+`--resume`, log to ONE wandb run with every iteration once (infra/metrics.py, MetricsLogger). What wandb wrote is read
 back from its own transaction logs (wandb/offline-run-*-<id>/run-<id>.wandb), not through our code: the LevelDB log
 format of wandb's datastore (a 7-byte file header, 32 KiB blocks of records: crc32, length, type, data), each
 record a `wandb.proto.wandb_internal_pb2.Record`. `wandb sync` uploads these files in order of start time.
@@ -150,7 +150,7 @@ def test_a_resume_that_turns_wandb_on_sends_the_checkpointed_rows_first(tmp_path
     """MetricsLogger as train.py drives it: a run without wandb logs iterations 1-3 and dies with its checkpoint at
     2; the resume (start=3) turns wandb on. The new wandb run gets 1 and 2 from metrics.jsonl, then 3 and 4."""
     from config import Config
-    from metrics import MetricsLogger
+    from infra.metrics import MetricsLogger
 
     out = tmp_path / "run"
     out.mkdir()

@@ -1,4 +1,4 @@
-"""warmup.py: gold episodes are the chat template's conversation, the warm-up teaches the gold actions of held-out
+"""tools/warmup.py: gold episodes are the chat template's conversation, the warm-up teaches the gold actions of held-out
 variations, and `model.init_adapter` starts a policy from exactly the saved adapter (real SmolLM2, real sanity env)."""
 from dataclasses import replace
 
@@ -7,9 +7,9 @@ import torch
 
 from config import ConfigError, load_config
 from envs import make_env
-from generation import ChatStream
-from models import ModelLoadError, load_policy
-from warmup import gold_episode, warmup
+from engine.generation import ChatStream
+from infra.models import ModelLoadError, load_policy
+from tools.warmup import gold_episode, warmup
 
 SMALL = ["--env.sanity.families=[lab]", "--env.sanity.difficulty=1", "--env.sanity.num_stages=3",
          "--env.sanity.num_distractors=1", "--env.sanity.max_steps=4", "--env.sanity.train_variations=2",

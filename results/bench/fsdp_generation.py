@@ -1,4 +1,4 @@
-"""What generation under FSDP costs: whole layers for the rollout (runtime.full_weights) vs generating on the
+"""What generation under FSDP costs: whole layers for the rollout (infra.runtime.full_weights) vs generating on the
 sharded model (every decode step all-gathers every layer, and every rank must step in lockstep).
 
     torchrun --nproc_per_node 2 results/bench/fsdp_generation.py [--model smollm2-135m-instruct] [--rows 4]
@@ -17,9 +17,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from config import ModelConfig  # noqa: E402
-from generation import ChatStream  # noqa: E402
-from models import load_policy  # noqa: E402
-from runtime import Launch, full_weights, make_accelerator, shard_model  # noqa: E402
+from engine.generation import ChatStream  # noqa: E402
+from infra.models import load_policy  # noqa: E402
+from infra.runtime import Launch, full_weights, make_accelerator, shard_model  # noqa: E402
 
 
 def timed(fn, repeats: int = 3) -> float:

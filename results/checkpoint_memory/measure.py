@@ -3,12 +3,12 @@
     python results/checkpoint_memory/measure.py [--hidden 2048] [--layers 12] [--out results/checkpoint_memory]
 
 The model is a stack of `layers` Linear(hidden, hidden) (12 x 2048^2: 50.4M fp32 parameters, 201 MB), one FSDP2
-unit per Linear (runtime.shard_model). A first launch takes one AdamW step and writes optimizer.pt the way
-checkpoint.save_checkpoint does (checkpoint.gather_states: full tensors on rank 0, torch.save): 403 MB. Then each
+unit per Linear (infra.runtime.shard_model). A first launch takes one AdamW step and writes optimizer.pt the way
+infra.checkpoint.save_checkpoint does (infra.checkpoint.gather_states: full tensors on rank 0, torch.save): 403 MB. Then each
 variant loads it in a fresh 2-process launch, after the model is sharded and the optimizer built:
-    "before": the previous checkpoint.load_checkpoint (kept below): every rank torch.load()s the whole file
+    "before": the previous infra.checkpoint.load_checkpoint (kept below): every rank torch.load()s the whole file
               (weights_only=False, no mmap), then set_optimizer_state_dict(full_state_dict=True).
-    "after":  the current checkpoint.load_optimizer: rank 0 maps the file (mmap=True), the others read nothing;
+    "after":  the current infra.checkpoint.load_optimizer: rank 0 maps the file (mmap=True), the others read nothing;
               set_optimizer_state_dict(full_state_dict=True, broadcast_from_rank0=True).
     "floor":  only what set_optimizer_state_dict does first in both: _init_optim_state, one AdamW step with zero
               gradients and lr 0 that allocates this rank's gradient (100 MB) and moment (201 MB) shards.
@@ -61,7 +61,7 @@ class Sampler(threading.Thread):
 def build(hidden: int, layers: int):
     from accelerate.utils import set_seed
 
-    from runtime import Launch, make_accelerator, shard_model
+    from infra.runtime import Launch, make_accelerator, shard_model
 
     accelerator = make_accelerator()
     set_seed(0)
@@ -72,7 +72,7 @@ def build(hidden: int, layers: int):
 
 
 def load_before(file: Path, model, optimizer, accelerator) -> None:
-    """checkpoint.load_checkpoint's optimizer part before F9."""
+    """infra.checkpoint.load_checkpoint's optimizer part before F9."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     set_optimizer_state_dict(model, optimizer, torch.load(file, weights_only=False),
@@ -84,7 +84,7 @@ def worker(phase: str, folder: Path, hidden: int, layers: int) -> None:
     accelerator, model, optimizer = build(hidden, layers)
     rank, file = accelerator.process_index, folder / "optimizer.pt"
     if phase == "save":
-        from checkpoint import gather_states
+        from infra.checkpoint import gather_states
 
         model(torch.randn(2, hidden)).square().mean().backward()
         optimizer.step()
@@ -93,7 +93,7 @@ def worker(phase: str, folder: Path, hidden: int, layers: int) -> None:
             torch.save(state, file)
         accelerator.wait_for_everyone()
         return
-    from checkpoint import load_optimizer
+    from infra.checkpoint import load_optimizer
 
     accelerator.wait_for_everyone()
     before = status()

@@ -147,7 +147,7 @@ BUDGET_GRID = [4500, 6144, 8192, 12288, 16384, 24576, 32768]
 
 
 def load_tokenizer(path: str, gguf_file: str, qwen25_template: bool):
-    """The tokenizer as training loads it (models.load_tokenizer), or from a GGUF file in folder `path`."""
+    """The tokenizer as training loads it (infra.models.load_tokenizer), or from a GGUF file in folder `path`."""
     if gguf_file:
         from transformers import AutoTokenizer
 
@@ -155,7 +155,7 @@ def load_tokenizer(path: str, gguf_file: str, qwen25_template: bool):
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
     else:
-        from models import load_tokenizer as repo_load_tokenizer, resolve_model_path
+        from infra.models import load_tokenizer as repo_load_tokenizer, resolve_model_path
 
         tokenizer = repo_load_tokenizer(resolve_model_path(path))
     if qwen25_template:
@@ -177,7 +177,7 @@ def check_template(tokenizer) -> dict:
 
 
 def action_ids(chat: ChatStream, action: str, max_action_tokens: int) -> list[int]:
-    """What the model emits for `action`: its tokens + eos, cut at max_action_tokens (generation.generate)."""
+    """What the model emits for `action`: its tokens + eos, cut at max_action_tokens (engine.generation.generate)."""
     return (chat.encode(action) + [chat.eos_id])[:max_action_tokens]
 
 

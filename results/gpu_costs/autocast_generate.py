@@ -1,9 +1,9 @@
 """Full fine-tuning's generation with fp32 master weights under autocast: one autocast region per generate call
-(generation.one_autocast_region) vs autocast per forward alone (every weight re-cast at every decode step).
+(engine.generation.one_autocast_region) vs autocast per forward alone (every weight re-cast at every decode step).
 
     python results/gpu_costs/autocast_generate.py [--size 0.5b] [--batch 4] [--new 32]
 
-A random Qwen2.5-shaped model (smoke.py, no download), bf16 compute, greedy; prints the weight casts per call,
+A random Qwen2.5-shaped model (tools/smoke.py, no download), bf16 compute, greedy; prints the weight casts per call,
 the seconds per call (best of 3) and their ratio, and checks the tokens are identical. On a GPU the per-step
 cast is memory traffic: 6 bytes per parameter per step (read fp32, write bf16), which the decode step then reads
 again as bf16 (2 bytes): so casting costs ~3x the decode step's own weight reads."""
@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-import smoke  # noqa: E402
+from tools import smoke  # noqa: E402
 from config import ModelConfig  # noqa: E402
-from generation import generate  # noqa: E402
-from models import load_policy  # noqa: E402
+from engine.generation import generate  # noqa: E402
+from infra.models import load_policy  # noqa: E402
 
 
 def main() -> None:

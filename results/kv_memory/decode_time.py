@@ -25,8 +25,8 @@ def main() -> None:
 
     torch.set_num_threads(1)
     from config import ModelConfig
-    from generation import ChatStream, generate, prefill
-    from models import load_policy
+    from engine.generation import ChatStream, generate, prefill
+    from infra.models import load_policy
 
     model, tokenizer = load_policy(ModelConfig(lora=False))
     model.eval()

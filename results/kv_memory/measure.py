@@ -8,7 +8,7 @@ a freed tensor leaves the process at once and the resident size follows the live
 
     python results/kv_memory/measure.py [--code DIR] [--kv-cache dynamic|static]
 
---code: the checkout whose generation.py / rollout.py to measure (default: this repository), e.g. an extracted
+--code: the checkout whose engine/generation.py / rollout.py to measure (default: this repository), e.g. an extracted
 copy of the commit before the change. Per call it prints the KV held by the episodes going in and coming out, the
 batch cache at the end of the call (rows x longest context, padding included), and the peak above the model.
 """
@@ -62,7 +62,10 @@ def main() -> None:
     from config import ModelConfig, RolloutConfig
     from envs.base import Env, Task
     from memory import TipMemory
-    from models import load_policy
+    if (Path(args.code) / "infra").is_dir():  # the layout since issue 42; an older checkout has models.py on top
+        from infra.models import load_policy
+    else:
+        from models import load_policy
 
     class ReadingEnv(Env):
         """A long first message, short later observations, done after `steps` actions (its step limit)."""

@@ -15,7 +15,7 @@ import torch  # noqa: E402
 from config import load_config, split_cli  # noqa: E402
 from envs import make_env  # noqa: E402
 from memory import TipMemory  # noqa: E402
-from models import load_policy  # noqa: E402
+from infra.models import load_policy  # noqa: E402
 from rollout import ChatStream, run_episodes, write_tips  # noqa: E402
 
 

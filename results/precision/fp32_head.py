@@ -1,11 +1,11 @@
-"""The LM head in fp32 vs bf16 (model.fp32_lm_head), on smoke.py's random Qwen2.5-shaped model, CPU.
+"""The LM head in fp32 vs bf16 (model.fp32_lm_head), on tools/smoke.py's random Qwen2.5-shaped model, CPU.
 
     PYTHONPATH=. python results/precision/fp32_head.py tiny|0.5b      (output: results/precision/fp32_head_*.txt)
 
 Eight sanity-env first turns + 16 tokens sampled from the fp32 model (the same tokens for every arm) are scored
 (a) by a full forward (losses.sequence_action_logprobs, as the update and `recompute` score them) and (b) along the
 KV-cache decode path that samples and records behaviour log-probs (HF generate, a logits processor that forces the
-tokens and records log softmax of the logits it sees, as generation.RowSampler does). Printed: fp32 decode vs full
+tokens and records log softmax of the logits it sees, as engine.generation.RowSampler does). Printed: fp32 decode vs full
 (summation order only); for bf16 with either head, full vs the fp32 model and decode vs full (mean / max |delta|,
 share of bit-equal values). No min_new_tokens: its processor would mask eos and shift the recorded log-softmax.
 """
@@ -13,10 +13,10 @@ import sys, tempfile
 
 import torch
 
-import smoke
-from models import load_policy
+from tools import smoke
+from infra.models import load_policy
 from rollout import ChatStream
-from generation import left_pad
+from engine.generation import left_pad
 from losses import sequence_action_logprobs
 from envs import make_env
 torch.set_num_threads(1)

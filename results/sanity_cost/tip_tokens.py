@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from memory import TipMemory, tip_block  # noqa: E402
-from models import load_tokenizer, resolve_model_path  # noqa: E402
+from infra.models import load_tokenizer, resolve_model_path  # noqa: E402
 
 tok = load_tokenizer(resolve_model_path("smollm2-135m-instruct"))
 memory = TipMemory()

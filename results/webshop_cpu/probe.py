@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import envs.webshop.env as webshop_env  # noqa: E402
 from config import load_config  # noqa: E402
 from envs import make_env  # noqa: E402
-from generation import ChatStream, generate  # noqa: E402
-from models import load_policy  # noqa: E402
+from engine.generation import ChatStream, generate  # noqa: E402
+from infra.models import load_policy  # noqa: E402
 
 FORMATS = {  # name: (env.webshop.prompt, env.webshop.require_think, rollout.action_prefix)
     "paper prompt, <think> required (the paper configs)": ("paper", True, ""),

@@ -5,7 +5,7 @@
 # checkpoints and exits 0, which does not count as finished). Each sitting's seconds are appended to sittings.txt;
 # wall_seconds.txt, their sum, is written when the run has reached its last iteration. Arguments are passed to
 # train.py (e.g. --train.torch_threads=1 when the cores are shared). Run from the repository root:
-#   bash results/webshop_cpu/run.sh && python plots.py --runs EMPO2=results/webshop_cpu/runs/empo2 \
+#   bash results/webshop_cpu/run.sh && python -m tools.plots --runs EMPO2=results/webshop_cpu/runs/empo2 \
 #        GRPO=results/webshop_cpu/runs/grpo --out results/webshop_cpu
 set -euo pipefail
 OUT=results/webshop_cpu/runs

@@ -1,13 +1,13 @@
 """EMPO² vs GRPO in miniature, decisively: four arms, equal everything else, on the sanity environment (CPU).
 
-    python compare.py tips    [--setting S] [--out DIR]  # item 0: do the base model's own tips carry information?
-    python compare.py run     [--setting S] [--out DIR] [--seeds 0,1,2,3,4] [--arms a,b] [--jobs N] [--section.key=value ...]
-    python compare.py summary [--setting S] [--out DIR]  # tables, confidence intervals, plot (also after `run`)
+    python -m tools.compare tips    [--setting S] [--out DIR]  # item 0: do the base model's own tips carry information?
+    python -m tools.compare run     [--setting S] [--out DIR] [--seeds 0,1,2,3,4] [--arms a,b] [--jobs N] [--section.key=value ...]
+    python -m tools.compare summary [--setting S] [--out DIR]  # tables, confidence intervals, plot (also after `run`)
 
 A setting (docs/sanity.md, "EMPO² vs GRPO": each chosen and committed before its first run) is one entry of
 `SETTINGS`, applied to every arm: `difficulty2` (the default; results/comparison), `difficulty1`, registered when
 the first was reported unusable (results/comparison_difficulty1), and `difficulty1_warmup`, the second with every run
-of a seed starting from the seed's format warm-up (`WARMUPS`, warmup.py; runs/warmup_s<seed>/, made first). An output
+of a seed starting from the seed's format warm-up (`WARMUPS`, tools/warmup.py; runs/warmup_s<seed>/, made first). An output
 folder remembers its setting (setting.json) and refuses another. The arms differ only by `ARMS`:
 
     grpo                configs/sanity_grpo.yaml: memory and the novelty bonus off
@@ -57,7 +57,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]  # the repository
 SETTINGS = {  # each registered in docs/sanity.md before its first run: never change a registered setting
     "difficulty2": [  # registered 2026-12-02 (results/comparison)
         "--env.sanity.families=[lab]", "--env.sanity.difficulty=2", "--env.sanity.num_stages=3",
@@ -73,9 +73,9 @@ SETTINGS["difficulty1"] = ["--env.sanity.difficulty=1" if a == "--env.sanity.dif
                            for a in SETTINGS["difficulty2"]]
 # Registered 2026-12-04 (docs/sanity.md, "third setting"): the second setting's arguments, and every run of a seed
 # (its iteration-0 evaluation, its tip measurement and all four arms) starts from that seed's format warm-up
-# (warmup.py: supervised, on gold episodes of the garden family, which no arm ever plays).
+# (tools/warmup.py: supervised, on gold episodes of the garden family, which no arm ever plays).
 SETTINGS["difficulty1_warmup"] = list(SETTINGS["difficulty1"])
-WARMUPS = {"difficulty1_warmup": ["--family=garden", "--epochs=3", "--lr=3e-4"]}  # warmup.py's own arguments
+WARMUPS = {"difficulty1_warmup": ["--family=garden", "--epochs=3", "--lr=3e-4"]}  # tools/warmup.py's own arguments
 SETTING = SETTINGS["difficulty2"]  # the setting in use; main() sets it from --setting
 SETTING_NAME = "difficulty2"
 WARMUP: list[str] = []  # the setting's warm-up arguments ([] = none: runs start from the base model)
@@ -121,7 +121,7 @@ def train_command(arm: str, seed: int, run: Path, extra: list[str]) -> list[str]
 
 def run_command(cmd: list[str], log: Path) -> tuple[int, float]:
     """Run one process, its output appended to `log`; (exit code, wall seconds). The process gets a session of its own,
-    so a terminal's Ctrl-C reaches only compare.py, which passes each signal it receives on to the process once
+    so a terminal's Ctrl-C reaches only tools/compare.py, which passes each signal it receives on to the process once
     (train.py: the first finishes the iteration, checkpoints and exits 0; a second stops it at once)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(THREADS)} if THREADS else None
     start = time.perf_counter()
@@ -171,7 +171,7 @@ def last_checkpoint(run: Path) -> Path:
     saved = sorted((run / "checkpoints").glob("iter_*"))
     if not saved or saved[-1].name != f"iter_{iterations:06d}":
         raise RunFailed(f"{run.name} stopped at {saved[-1].name if saved else 'no checkpoint'} of {iterations} "
-                        f"iterations; `compare.py run` resumes it")
+                        f"iterations; `python -m tools.compare run` resumes it")
     return saved[-1]
 
 
@@ -188,19 +188,19 @@ def start_from(out: Path, seed: int) -> list[str]:
 
 
 def warmup_run(out: Path, seed: int, extra: list[str]) -> None:
-    """The seed's format warm-up (warmup.py), before any other run of the seed; skipped when it has finished. It
+    """The seed's format warm-up (tools/warmup.py), before any other run of the seed; skipped when it has finished. It
     takes a minute or three and writes nothing before its adapter is complete, so an interrupted one simply reruns."""
     run = out / "runs" / f"warmup_s{seed}"
     if finished(out, "warmup", seed):
         return
     run.mkdir(parents=True, exist_ok=True)
     threads = [f"--train.torch_threads={THREADS}"] if THREADS else []
-    cmd = [sys.executable, "warmup.py", "--config", ARMS["empo2"][0], *SETTING, f"--train.seed={seed}", *WARMUP,
+    cmd = [sys.executable, "-m", "tools.warmup", "--config", ARMS["empo2"][0], *SETTING, f"--train.seed={seed}", *WARMUP,
            *threads, *extra, f"--output={run}"]
     (run / "command.txt").write_text(thread_prefix() + " ".join(cmd[1:]) + "\n")
     print(f"format warm-up, seed {seed}", flush=True)
     if run_command(cmd, run / "log.txt")[0] != 0 or not finished(out, "warmup", seed):
-        how = "stopped by a signal; `compare.py run` reruns it" if SIGNALS["received"] else f"failed; see {run}/log.txt"
+        how = "stopped by a signal; `python -m tools.compare run` reruns it" if SIGNALS["received"] else f"failed; see {run}/log.txt"
         raise RunFailed(f"the warm-up of seed {seed} {how}")
 
 
@@ -219,7 +219,7 @@ def train_run(out: Path, arm: str, seed: int, extra: list[str]) -> None:
     (run / "wall_seconds.json").write_text(json.dumps(walls + [round(wall, 1)]))
     if code != 0:
         how = "stopped by a signal" if SIGNALS["received"] else f"failed ({code}); see {run / 'log.txt'}"
-        raise RunFailed(f"{arm} seed {seed} {how}; `compare.py run` resumes it")
+        raise RunFailed(f"{arm} seed {seed} {how}; `python -m tools.compare run` resumes it")
     final = last_checkpoint(run)  # RunFailed when a signal stopped it early (exit code 0, an earlier checkpoint)
     shutil.rmtree(run / "final", ignore_errors=True)
     shutil.copytree(final, run / "final", ignore=shutil.ignore_patterns("optimizer.pt", "rng_rank*"))  # adapter
@@ -239,7 +239,7 @@ def base_run(out: Path, seed: int, extra: list[str]) -> None:
     (run / "command.txt").write_text(thread_prefix() + " ".join(cmd[1:]) + "\n")
     print(f"untrained model, seed {seed}", flush=True)
     if run_command(cmd, run / "log.txt")[0] != 0:
-        how = "stopped by a signal; `compare.py run` reruns it" if SIGNALS["received"] else f"failed; see {run}/log.txt"
+        how = "stopped by a signal; `python -m tools.compare run` reruns it" if SIGNALS["received"] else f"failed; see {run}/log.txt"
         raise RunFailed(f"the untrained evaluation of seed {seed} {how}")
 
 
@@ -551,7 +551,7 @@ def setting_name(arguments: list[str]) -> str:
 
 def summary_markdown(summary: dict) -> str:
     name = summary.get("setting_name") or setting_name(summary["setting"])
-    start = ("the model after its seed's format warm-up (warmup.py " + " ".join(summary["warmup"]) + "), before RL; "
+    start = ("the model after its seed's format warm-up (tools/warmup.py " + " ".join(summary["warmup"]) + "), before RL; "
              "\"untrained\" below means this model" if summary.get("warmup") else "the untrained model")
     lines = [f"# EMPO² vs GRPO on the sanity environment (setting `{name}`, registered in docs/sanity.md)", "",
              "Validation = no-memory return on the 8 held-out test variations (4 episodes each, temperature 0.4); "
@@ -805,7 +805,7 @@ def main(argv: list[str] | None = None) -> None:
         failures = run_grid(out, seeds, arms, args.jobs, extra)
     write_summary(out, seeds)
     if SIGNALS["received"]:
-        sys.exit(f"stopped by a signal; `compare.py {args.command}` resumes where it stopped")
+        sys.exit(f"stopped by a signal; `python -m tools.compare {args.command}` resumes where it stopped")
     if failures:
         sys.exit("\n".join(failures))
 

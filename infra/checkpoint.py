@@ -36,8 +36,8 @@ import torch
 import yaml
 
 from config import Config, ConfigError, to_dict
-from models import load_trainable, save_model
-from runtime import gather_objects, is_sharded
+from infra.models import load_trainable, save_model
+from infra.runtime import gather_objects, is_sharded
 
 
 class CheckpointError(RuntimeError):
@@ -47,7 +47,7 @@ class CheckpointError(RuntimeError):
 def generation_settings(config: dict, model, tokenizer) -> dict:
     """How the run generated: rollout sampling, evaluation temperature, tip settings and the stop ids, for whoever
     serves or evaluates the checkpoint outside this code (the full config is in config.yaml)."""
-    from generation import stop_ids
+    from engine.generation import stop_ids
 
     rollout = config.get("rollout", {})
     keys = ("temperature", "top_p", "max_action_tokens", "max_prompt_tokens", "tip_temperature", "tip_max_tokens")

@@ -233,7 +233,7 @@ def load_policy(cfg, device=None, autocast_forward: bool = True):
     """(model, tokenizer) for `cfg` (a config.ModelConfig): LoRA-wrapped or fully trainable, computing in cfg.dtype.
 
     Full fine-tuning stores fp32 master weights and runs forwards under autocast(cfg.dtype) (autocast_forward=False
-    leaves the cast to the caller: FSDP's mixed-precision policy does it per layer, runtime.shard_model).
+    leaves the cast to the caller: FSDP's mixed-precision policy does it per layer, infra.runtime.shard_model).
 
     The model's generation config is replaced by a neutral one holding only the special-token ids: a hub
     generation_config.json (Qwen's has top_k=20, repetition_penalty=1.05, temperature 0.7) would otherwise
@@ -287,7 +287,7 @@ def load_policy(cfg, device=None, autocast_forward: bool = True):
         with warnings.catch_warnings():  # peft reads the deprecated `is_gradient_checkpointing`
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
             model = get_peft_model(model, lora)
-        if cfg.init_adapter:  # e.g. warmup.py's format warm-up: every arm of a comparison starts from the same one
+        if cfg.init_adapter:  # e.g. tools/warmup.py's format warm-up: every arm of a comparison starts from the same one
             folder = Path(cfg.init_adapter)
             load_trainable(model, folder / "model" if (folder / "model").is_dir() else folder)
     else:
@@ -300,7 +300,7 @@ def load_policy(cfg, device=None, autocast_forward: bool = True):
         # (rollout, tips, log-probs, update) runs under autocast; backward and the optimizer see fp32 weights.
         device_type = next(model.parameters()).device.type
         model.forward = torch.autocast(device_type=device_type, dtype=compute_dtype)(model.forward)
-        model.generation_autocast_dtype = compute_dtype  # generation.one_autocast_region: cast once per call
+        model.generation_autocast_dtype = compute_dtype  # engine.generation.one_autocast_region: cast once per call
     if cfg.tf32 and next(model.parameters()).device.type == "cuda":
         # fp32 matmuls (the fp32 LoRA path, fp32 master weights' backward) on tensor cores: 10-bit mantissa
         # inputs, fp32 accumulation. A process-wide setting; CPU matmuls are unaffected.
@@ -321,8 +321,8 @@ def load_reference(cfg, device=None, autocast_forward: bool = True):
     17.4 GB), the fp32 head if the policy has one. Under FSDP every unit computes in the compute dtype anyway
     (its mixed-precision policy), so the copy is stored in it (7B: 15.2 GB + 1.1 GB fp32 head, sharded /N: 2.0 GB
     per rank on 8): equal to the policy with an untied head (Qwen2.5-7B); a tied head's fp32 root unit differs
-    (<= 0.043 per token on the tiny model, docs/scaling.md). train.py shards it (runtime.shard_model, no
-    optimizer) and scores it inside runtime.full_weights(reference). Never trained: requires_grad False, eval."""
+    (<= 0.043 per token on the tiny model, docs/scaling.md). train.py shards it (infra.runtime.shard_model, no
+    optimizer) and scores it inside infra.runtime.full_weights(reference). Never trained: requires_grad False, eval."""
     compute_dtype = getattr(torch, cfg.dtype)
     exact = autocast_forward and compute_dtype != torch.float32
     _, model = _load_weights(cfg, torch.float32 if exact else compute_dtype, device)
@@ -366,7 +366,7 @@ def use_fp32_lm_head(model, trainable: bool = False) -> int:
     Weight memory: an untied bf16 head is converted in place (+vocab x hidden x 2 bytes: 7B +1.1 GB); a tied head
     (the embedding matrix; only a frozen LoRA base is tied and bf16) gets its own fp32 copy (+vocab x hidden x 4:
     0.5B +0.54 GB); fp32 master weights (full fine-tune) cost nothing more. Under FSDP the head keeps fp32 through
-    its own mixed-precision policy (runtime.shard_model). trainable: the head's weight is trained (full fine-tune).
+    its own mixed-precision policy (infra.runtime.shard_model). trainable: the head's weight is trained (full fine-tune).
     Returns the bytes added."""
     head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
     if not isinstance(head, torch.nn.Linear):
@@ -383,7 +383,7 @@ def use_fp32_lm_head(model, trainable: bool = False) -> int:
         if head.bias is not None:
             head.bias = torch.nn.Parameter(head.bias.detach().float(), requires_grad=head.bias.requires_grad)
     head.forward = types.MethodType(_fp32_linear, head)
-    model.empo2_fp32_lm_head = True  # runtime.shard_model gives the head an fp32 mixed-precision policy
+    model.empo2_fp32_lm_head = True  # infra.runtime.shard_model gives the head an fp32 mixed-precision policy
     log.info("LM head in fp32 (%.2f GB more weight memory)", added / 1e9)
     return added
 
@@ -437,7 +437,7 @@ def trainable_state(model) -> dict[str, torch.Tensor]:
 def save_model(model, tokenizer, folder, full_state: dict | None = None, base_name: str | None = None) -> None:
     """Adapter only (adapter_config.json + adapter_model.safetensors) for LoRA, the full model otherwise.
 
-    full_state: the gathered weights of an FSDP-sharded model (checkpoint.gather_states), written as a standard HF
+    full_state: the gathered weights of an FSDP-sharded model (infra.checkpoint.gather_states), written as a standard HF
     folder (sharded safetensors + index, config, generation config) that `from_pretrained` loads unsharded.
     base_name: how the run named its base model (hub id, alias or folder, `model.name_or_path`); the adapter
     records it instead of this machine's cache path, so the checkpoint loads on another machine."""

@@ -1,8 +1,8 @@
 """Benchmark of one training iteration's parts; prints every ratio in one run (README, docs/performance.md).
 
-    python bench.py --config configs/quickstart.yaml [--repeats=2] [--long_turns=10] [--parts=abcde]
+    python -m tools.bench --config configs/quickstart.yaml [--repeats=2] [--long_turns=10] [--parts=abcde]
                     [--prefill_tokens=256] [--device=cuda|cpu] [--section.key=value ...]
-    python bench.py --smoke [--device=cuda|cpu] [--size=0.5b|tiny]     (= python smoke.py: no model files needed)
+    python -m tools.bench --smoke [--device=cuda|cpu] [--size=0.5b|tiny]     (= python -m tools.smoke: no model files needed)
 
 On the configured environment and model (the quickstart: ScienceWorld find-living-thing, SmolLM2-135M on CPU):
   (a) rollout wall time and prefill positions per turn with `rollout.kv_reuse` on vs off, at the config's shape
@@ -20,7 +20,7 @@ On the configured environment and model (the quickstart: ScienceWorld find-livin
 Prefill positions are counted by a forward hook: every position of a forward call with more than one input
 token (padding included, since it costs the same compute). `--device` (default: cuda when there is one) runs the
 model there; every timer synchronises first (`clock`). Ceilings: `matmul_ceiling` (prefill, update),
-`copy_bandwidth` and `decode_floor_ms` = (weights + KV cache) / bandwidth (decode); smoke.py prints them too.
+`copy_bandwidth` and `decode_floor_ms` = (weights + KV cache) / bandwidth (decode); tools/smoke.py prints them too.
 """
 from __future__ import annotations
 
@@ -38,10 +38,10 @@ import torch
 from advantages import group_advantages
 from config import load_config, split_cli
 from envs import make_env
-from generation import left_pad
+from engine.generation import left_pad
 from losses import compute_old_logprobs, length_buckets, padded_tokens, samples_loss
 from memory import TipMemory
-from models import load_policy
+from infra.models import load_policy
 from rollout import ChatStream, run_episodes, write_tips
 from samples import build_samples, per_step_samples
 
@@ -281,10 +281,11 @@ def main(argv=None):
             options[key] = value if isinstance(options[key], str) else int(value)
         else:
             rest.append(arg)
-    if options["smoke"]:  # smoke.py in its own process (it imports this file's measurements)
+    if options["smoke"]:  # tools/smoke.py in its own process (it imports this file's measurements)
         size = [f"--size={options['size']}"] if options["size"] else []
-        os.execv(sys.executable, [sys.executable, str(Path(__file__).with_name("smoke.py")),
-                                  f"--device={options['device']}", *size])
+        root = str(Path(__file__).resolve().parents[1])  # `-m tools.smoke` resolves from the repository
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+        os.execve(sys.executable, [sys.executable, "-m", "tools.smoke", f"--device={options['device']}", *size], env)
     device = check_device(options["device"])
     cfg = load_config(*split_cli(rest))
     if cfg.train.torch_threads > 0:
@@ -415,7 +416,7 @@ def mode_iteration(model, chat, envs, tasks, cfg, mode, memory, optimizer, accel
 
 def per_mode_iterations(model, chat, envs, tasks, cfg) -> dict:
     """(f) one iteration per mode from the same weights and the same memory (filled by a no-memory iteration)."""
-    from runtime import make_accelerator
+    from infra.runtime import make_accelerator
 
     accelerator = make_accelerator()
     params = [p for p in model.parameters() if p.requires_grad]

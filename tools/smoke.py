@@ -1,6 +1,6 @@
 """Smoke checks on a randomly initialised Qwen2.5-shaped model: no network, no model files (README, "On a GPU").
 
-    python bench.py --smoke [--size=0.5b|tiny] [--device=cuda|cpu]   (bench.py adds the speed report)
+    python -m tools.bench --smoke [--size=0.5b|tiny] [--device=cuda|cpu]   (tools/bench.py adds the speed report)
 
 `write_model(folder, size)` writes, from nothing, what a downloaded Qwen2.5-Instruct folder holds: a Qwen2 config of
 the chosen shape (`SIZES`: Qwen2.5-0.5B's, Qwen2.5-7B's, or a tiny one for CPU tests; vocabulary 151,936 as Qwen2.5),
@@ -10,10 +10,10 @@ tokens at Qwen's ids (<|endoftext|> 151643, <|im_start|> 151644, <|im_end|> 1516
 so that logits spread like a trained model's (std ~4, the top ones ~20; random init gives ~0.5), so that rounding
 effects have a realistic size; random signs keep a tied head from reading back the current token's embedding.
 
-`run_checks(folder, device, out_dir)` drives the real code paths (models.load_policy on the folder,
+`run_checks(folder, device, out_dir)` drives the real code paths (infra.models.load_policy on the folder,
 rollout.run_episodes on `env.name: sanity`, train.train) and returns one record per check:
-  (a) left padding: a left-padded batched forward (positions from the mask, as generation.prefill) gives each row
-      the next-token log-probs of its unpadded forward, and generation.prefill its keys/values;
+  (a) left padding: a left-padded batched forward (positions from the mask, as engine.generation.prefill) gives each row
+      the next-token log-probs of its unpadded forward, and engine.generation.prefill its keys/values;
   (b) KV reuse: greedy episodes are identical with and without `rollout.kv_reuse` in fp32; in bf16 the share of
       identical episodes is reported (near-tied argmaxes may break differently under rounding);
   (c) behaviour log-probs recorded while sampling vs recomputed by a forward (mean / max |delta|), in fp32 and in
@@ -223,13 +223,13 @@ def smoke_config(folder: str, dtype: str, out_dir, **overrides):
 
 
 def check_left_padding(model, chat, contexts: list[list[int]], device) -> dict:
-    """(a) The batched left-padded forward and generation.prefill vs one unpadded forward per row."""
+    """(a) The batched left-padded forward and engine.generation.prefill vs one unpadded forward per row."""
     from transformers import DynamicCache
 
-    from generation import left_pad, prefill
+    from engine.generation import left_pad, prefill
 
     ids, mask = left_pad(contexts, chat.pad_id)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # as generation.prefill and `generate` number real tokens
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # as engine.generation.prefill and `generate` number real tokens
     with torch.no_grad():
         batched = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
                         logits_to_keep=1).logits[:, -1].float().log_softmax(-1)
@@ -336,7 +336,7 @@ def run_checks(folder: str, device, out_dir, train_dtype: str = "float32") -> di
     """{check name: record} for (a)-(d): fp32 records carry `ok`; `_bf16` (bf16 head) and `_bf16_fp32_head`
     (model.fp32_lm_head) records are the same checks in bf16, reported as measured."""
     from envs import make_env
-    from models import load_policy
+    from infra.models import load_policy
     from rollout import ChatStream
 
     device = torch.device(device)
@@ -367,11 +367,11 @@ def run_checks(folder: str, device, out_dir, train_dtype: str = "float32") -> di
 
 def report(device, size: str = "") -> int:
     """The checks (a)-(d) on a random Qwen2.5-shaped model, then decode / prefill / update speed against this
-    machine's ceilings (bench.py's measurements). Returns the exit status (1 when a check failed)."""
+    machine's ceilings (tools/bench.py's measurements). Returns the exit status (1 when a check failed)."""
     import tempfile
 
-    from bench import clock, copy_bandwidth, machine, matmul_ceiling
-    from models import load_policy
+    from tools.bench import clock, copy_bandwidth, machine, matmul_ceiling
+    from infra.models import load_policy
 
     gpu = device.type == "cuda"
     size = size or ("0.5b" if gpu else "tiny")
@@ -394,7 +394,7 @@ def report(device, size: str = "") -> int:
         config = model_config("7b")
         torch.cuda.empty_cache()
         if torch.cuda.mem_get_info(device)[0] > 100e9:  # fp32 init 30 GB + bf16 15 GB + KV at 128 x 5k 37 GB
-            from models import use_fp32_lm_head
+            from infra.models import use_fp32_lm_head
 
             model = random_model(config, device=device)
             print("7B shape, bf16 head:")
@@ -421,7 +421,7 @@ def describe(name: str, record: dict) -> str:
 def speed_lines(model, device, matmul, bandwidth, gpu: bool, decode_only: bool = False) -> None:
     """Decode ms/step against its bandwidth floor at three batch x context shapes; prefill and update tokens/s
     against the matmul rate; the peak memory of each."""
-    from bench import decode_floor_ms, decode_ms, forward_flops, peak_memory_gb, prefill_rate, update_rate
+    from tools.bench import decode_floor_ms, decode_ms, forward_flops, peak_memory_gb, prefill_rate, update_rate
 
     shapes = [(1, 1024), (16, 4096), (128, 5120)] if gpu else [(1, 128), (4, 256), (8, 512)]
     steps = 32 if gpu else 8
@@ -450,7 +450,7 @@ def speed_lines(model, device, matmul, bandwidth, gpu: bool, decode_only: bool =
 def main(argv=None) -> int:
     import argparse
 
-    from bench import check_device
+    from tools.bench import check_device
 
     parser = argparse.ArgumentParser(description="smoke checks and speed on a random Qwen2.5-shaped model")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -20,6 +20,10 @@ Two batch layouts (`rollout.kv_cache`):
 
 Only full-attention decoder layers are supported (sliding-window layers keep a rolling window that a trimmed
 per-row copy cannot represent); `supports_kv_reuse` checks the model's config.
+
+transformers internals: both layouts build on transformers' layer-wise cache (`transformers.cache_utils`), whose
+layer class and fields are not a documented API. Everything this file uses of it is named in the block below,
+with the version it was checked against; tests/test_kvcache.py fails on another minor version or a missing name.
 """
 from __future__ import annotations
 
@@ -29,6 +33,55 @@ from functools import lru_cache
 import torch
 
 KV_CACHES = ("dynamic", "static")
+
+# ---- transformers internals (the only ones the engine relies on) ------------------------------------------------
+TRANSFORMERS_CHECKED = "5.24.0"  # requirements.txt pins it; a new minor version: re-read cache_utils.py, then bump
+TRANSFORMERS_PRIVATE_API = {
+    # class in transformers.cache_utils: the members used here (subclassed, called, or read and written)
+    "DynamicLayer": ("__init__()", "lazy_initialization(key_states, value_states)", "update(key_states, "
+                     "value_states, ...)", "keys", "values", "is_initialized", "device"),
+    "DynamicCache": ("__init__()", "layers"),  # a DynamicCache whose `layers` list is replaced by ours
+    "Cache": ("__init__(layers=...)", "layers"),  # the static layout's cache around our BufferLayers
+}
+
+
+def transformers_cache_classes():
+    """(Cache, DynamicCache, DynamicLayer) from transformers.cache_utils, the classes TRANSFORMERS_PRIVATE_API
+    names; imported lazily, as transformers is everywhere in this project."""
+    from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+    return Cache, DynamicCache, DynamicLayer
+
+
+def transformers_api_problems() -> list[str]:
+    """What differs from the transformers this file was checked against: the installed minor version, or a member
+    of TRANSFORMERS_PRIVATE_API that is missing. [] when everything is as checked."""
+    import inspect
+
+    import transformers
+
+    problems = []
+    if transformers.__version__.split(".")[:2] != TRANSFORMERS_CHECKED.split(".")[:2]:
+        problems.append(f"transformers {transformers.__version__} installed, engine/kvcache.py was checked against "
+                        f"{TRANSFORMERS_CHECKED}")
+    try:
+        Cache, DynamicCache, DynamicLayer = transformers_cache_classes()
+    except ImportError as error:
+        return problems + [f"transformers.cache_utils: {error}"]
+    layer = DynamicLayer()
+    if callable(getattr(layer, "lazy_initialization", None)):  # it sets the fields `update` reads
+        layer.lazy_initialization(torch.zeros(1, 1, 0, 1), torch.zeros(1, 1, 0, 1))
+    found = {"DynamicLayer": {*vars(layer), "__init__", *(m for m in ("lazy_initialization", "update")
+                                                          if callable(getattr(DynamicLayer, m, None)))},
+             "DynamicCache": {"__init__", *vars(DynamicCache())},
+             "Cache": {"__init__", *vars(Cache(layers=[DynamicLayer()]))}
+             if "layers" in inspect.signature(Cache.__init__).parameters else set()}
+    for cls, members in TRANSFORMERS_PRIVATE_API.items():
+        missing = [m for m in members if m.partition("(")[0] not in found[cls]]
+        if missing:
+            problems.append(f"transformers.cache_utils.{cls} lacks {missing}")
+    return problems
+# ------------------------------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -62,8 +115,7 @@ def supports_kv_reuse(model) -> bool:
 def _dynamic_layer(keys: torch.Tensor | None = None, values: torch.Tensor | None = None):
     """A transformers DynamicLayer holding these tensors as they are (DynamicCache(ddp_cache_data=...) would copy
     them once more through torch.cat)."""
-    from transformers.cache_utils import DynamicLayer
-
+    DynamicLayer = transformers_cache_classes()[2]
     layer = DynamicLayer()
     if keys is not None:
         layer.lazy_initialization(keys, values)
@@ -74,7 +126,7 @@ def _dynamic_layer(keys: torch.Tensor | None = None, values: torch.Tensor | None
 @lru_cache(maxsize=None)
 def _buffer_layer_class():
     """`BufferLayer`, defined on first use (transformers is imported lazily, as everywhere in this project)."""
-    from transformers.cache_utils import DynamicLayer
+    DynamicLayer = transformers_cache_classes()[2]
 
     class BufferLayer(DynamicLayer):
         """A DynamicLayer whose keys/values are views of the first `length` positions of buffers allocated once at
@@ -121,8 +173,7 @@ def batched_cache(caches: list[PrefixCache | None], reuse: list[int], width: int
     right-aligned (zeros to their left, masked out by the attention mask). kind="static": buffers of `capacity`
     positions (>= width), the first `width` filled. release[i]: empty caches[i] layer by layer as the batch takes
     its keys/values over (rows sharing one cache object must all be in this batch)."""
-    from transformers import Cache, DynamicCache
-
+    Cache, DynamicCache, _ = transformers_cache_classes()
     if kind not in KV_CACHES:
         raise ValueError(f"rollout.kv_cache={kind!r} is not one of {list(KV_CACHES)}")
     if kind == "static" and capacity < width:

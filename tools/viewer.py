@@ -1,11 +1,11 @@
 """A trajectory viewer: a small read-only web page over a run's output folder, to read episodes turn by turn.
 
-    python viewer.py runs/sanity_empo2 [--port 8000] [--host 127.0.0.1]     # then open http://127.0.0.1:8000/
+    python -m tools.viewer runs/sanity_empo2 [--port 8000] [--host 127.0.0.1]     # then open http://127.0.0.1:8000/
 
 RUN_DIR is a training run's output_dir or an eval.py output folder. Pages:
 * `/`: the training iterations (mode and return from metrics.jsonl, a link to every rank's episode file), the
   validation, evaluation and OOD-adaptation episode files, the tip-memory snapshots, and eval.md.
-* `/episodes/<file>`: the episodes of episodes/<file>.jsonl (written by metrics.write_episodes; what train.py
+* `/episodes/<file>`: the episodes of episodes/<file>.jsonl (written by infra.metrics.write_episodes; what train.py
   logs is set by train.log_episodes).
 * `/episodes/<file>/<index>`: one episode turn by turn: the observation, the tips that were in that step's prompt,
   the action and its reward; then the final observation and the tip the model wrote afterwards.
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="0.0.0.0 serves every network (no authentication)")
     args = parser.parse_args(argv)
     if not args.run_dir.is_dir():
-        print(f"viewer.py: {args.run_dir} is not a directory", file=sys.stderr)
+        print(f"tools.viewer: {args.run_dir} is not a directory", file=sys.stderr)
         sys.exit(2)
     print(f"serving {args.run_dir} on http://{args.host}:{args.port}/")
     make_app(args.run_dir).run(host=args.host, port=args.port)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvcache import supports_kv_reuse
+from engine.kvcache import supports_kv_reuse
 
 MASKED_ATTENTIONS = ("sdpa", "eager")  # attention implementations that accept an arbitrary 4-D mask
 

@@ -8,7 +8,7 @@
     - processes / machines (`--num_processes`, `--num_machines`, `--multi_gpu`): data parallel, gradients
       averaged by `train.all_reduce_gradients`;
     - `mixed_precision` no | bf16 | fp16: the compute dtype (`model.dtype`); bf16/fp16 with fp32 master weights for
-      a full fine-tune (models.load_policy); a flag that contradicts `model.dtype` is an error;
+      a full fine-tune (infra.models.load_policy); a flag that contradicts `model.dtype` is an error;
     - FSDP version 2 for a full fine-tune (`distributed_type: FSDP`, configs/accelerate/fsdp_8gpu.yaml): decoder
       layers sharded with `fully_shard`, FULL_SHARD or SHARD_GRAD_OP, transformer-based wrapping, activation
       checkpointing (= model.gradient_checkpointing), full state dicts.

@@ -1,6 +1,6 @@
 """Paper-style figures from finished runs: EMPO² against GRPO, several seeds per method.
 
-    python plots.py --runs EMPO2=DIR[,DIR...] GRPO=DIR[,DIR...] [--ood LABEL=EVAL_JSON[,EVAL_JSON...] ...] --out OUTDIR
+    python -m tools.plots --runs EMPO2=DIR[,DIR...] GRPO=DIR[,DIR...] [--ood LABEL=EVAL_JSON[,EVAL_JSON...] ...] --out OUTDIR
 
 * learning_curves.png (the paper's Fig. 1a / Fig. 3: return against training iteration, EMPO² over GRPO), from
   each run folder's metrics.jsonl. Left: training return per iteration, one colour per label, the mean over the
@@ -249,7 +249,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> list[Path]:
-    parser = OneLineParser(prog="plots.py", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m tools.plots", description=__doc__.splitlines()[0])
     parser.add_argument("--runs", nargs="+", action="extend", default=[], metavar="LABEL=DIR[,DIR...]",
                         help="run folders (with metrics.jsonl) per label, e.g. EMPO2=runs/e_s0,runs/e_s1")
     parser.add_argument("--ood", nargs="+", action="extend", default=[], metavar="LABEL=EVAL_JSON[,EVAL_JSON...]",

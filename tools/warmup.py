@@ -1,6 +1,6 @@
 """Format warm-up: supervised fine-tuning of the LoRA on gold episodes of ANOTHER task family, before any RL.
 
-    python warmup.py --config configs/sanity_empo2.yaml [--section.key=value ...] [--family=garden] [--epochs=3]
+    python -m tools.warmup --config configs/sanity_empo2.yaml [--section.key=value ...] [--family=garden] [--epochs=3]
                      [--lr=3e-4] --output=DIR
     python train.py  --config configs/sanity_empo2.yaml --model.init_adapter=DIR   # every arm starts from DIR
 
@@ -17,7 +17,7 @@ commands (`full_history_turn`: the first message, then per step the action ids +
 observation and the turn reminder), so the warm-up trains exactly the contexts the rollout will show. Loss: the mean
 negative log-likelihood of the action tokens of one episode (its eos included), one episode per AdamW step,
 `--epochs` passes over the episodes in a seeded order (train.seed). Output, in --output: `model/` (the adapter,
-models.save_model: what `--model.init_adapter` and `eval.py --checkpoint` load) and `warmup.json` (the settings,
+infra.models.save_model: what `--model.init_adapter` and `eval.py --checkpoint` load) and `warmup.json` (the settings,
 per-epoch losses, the gold-token log-likelihood before and after on held-out variations of the warm-up family,
 the wall time).
 
@@ -37,13 +37,13 @@ import torch
 
 from config import ConfigError, config_help, load_config, split_cli, split_options, to_dict
 from envs import make_env
-from generation import ChatStream
+from engine.generation import ChatStream
 from losses import action_logprobs
-from models import load_policy, save_model
+from infra.models import load_policy, save_model
 from rollout import Episode, full_history_turn
-from runtime import derive_seed
+from infra.runtime import derive_seed
 
-USAGE = """usage: python warmup.py --config FILE [--family=garden] [--epochs=3] [--lr=3e-4] --output=DIR
+USAGE = """usage: python -m tools.warmup --config FILE [--family=garden] [--epochs=3] [--lr=3e-4] --output=DIR
                        [--section.key=value ...]
 
 Supervised format warm-up of the LoRA on gold episodes of another sanity family (train with --model.init_adapter=DIR).

@@ -6,7 +6,7 @@
 * `MetricsLogger`: appends records on the main process; `plot_metrics` draws the PNG from metrics.jsonl.
 * `read_wandb_step`: the last iteration a wandb run holds, as the logger recorded it (output_dir/wandb_step).
 * `episode_record` / `sample_for_log` / `write_episodes`: a capped, seeded sample of episodes, turn by turn, in
-  output_dir/episodes/*.jsonl (what viewer.py shows).
+  output_dir/episodes/*.jsonl (what tools/viewer.py shows).
 
 Resume and Weights & Biases. A resumed run (`start > 1`) re-runs the iterations after its checkpoint. metrics.jsonl and
 TensorBoard drop the interrupted run's rows of iterations >= start, so they hold the re-run's. A wandb run's history
@@ -195,7 +195,7 @@ class MetricsLogger:
 
 
 def episode_record(ep, ret: float | None = None) -> dict:
-    """An episode turn by turn, as the trajectory viewer (viewer.py) shows it: the observation before each action,
+    """An episode turn by turn, as the trajectory viewer (tools/viewer.py) shows it: the observation before each action,
     the tip block in that step's prompt, the action and its reward; the final observation and the tip written
     afterwards. ret: the return its advantage used (default: what the environment paid)."""
     return {"task": ep.task.key, "group": ep.group, "mode": ep.mode, "seed": ep.seed,

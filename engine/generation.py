@@ -5,7 +5,7 @@ model generated + the next user turn. Re-encoding the whole history at every tur
 T-turn episode; keeping each episode's keys/values between turns prefills O(T). This is what vLLM's prefix
 caching gives peers, done here on plain `generate`:
 
-* every episode owns a `PrefixCache` (kvcache.py): the keys/values of a prefix of its own stream, trimmed of pads;
+* every episode owns a `PrefixCache` (engine/kvcache.py): the keys/values of a prefix of its own stream, trimmed of pads;
 * `generate(..., caches=...)` reuses, for each row, the longest common prefix of its cache and its new context:
   the reused parts go left-padded into one batch cache, one forward encodes the rest of each context but its last
   token (right-padded, `feed_prefixes`: no attention row is ever fully masked), and `generate` starts from the
@@ -24,17 +24,17 @@ line (`FirstLineStop`) and its batch cache is dropped, not split back (`keep_cac
 Rows that finish (eos or the token limit) simply drop out of the next call: caches are per episode, not per
 batch slot. The price is a copy of the reused keys/values into the batch at every call (memory traffic, not
 compute: on this CPU it is ~1% of the prefill it replaces), made layer by layer so the keys/values exist about
-once (kvcache.py), and holding each live episode's cache between turns. With greedy decoding the reused and the
+once (engine/kvcache.py), and holding each live episode's cache between turns. With greedy decoding the reused and the
 re-encoded paths produce the same tokens (tests/test_generation.py); the logits differ only by summation order.
 
-A model with fp32 master weights that computes under autocast (full fine-tuning without FSDP, models.load_policy)
+A model with fp32 master weights that computes under autocast (full fine-tuning without FSDP, infra.models.load_policy)
 generates inside ONE autocast region per call (`one_autocast_region`): autocast caches the compute-dtype copy of
 every weight until its outermost region ends, so the weights are cast once per call, not once per decode step.
 
 `ChatStream` turns a tokenizer's chat template into the append-only token deltas the streams are built from
 (first turn, the closing of an action, the next user turn). Every row stops at any eos id of the model's
 generation config (`stop_ids`: Qwen2.5 has two). A sliding-window model cannot reuse caches
-(`kvcache.supports_kv_reuse`); the rollout then re-encodes with a warning.
+(`engine.kvcache.supports_kv_reuse`); the rollout then re-encodes with a warning.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ import functools
 
 import torch
 
-from kvcache import PrefixCache, batched_cache, split_cache
+from engine.kvcache import PrefixCache, batched_cache, split_cache
 
 
 def left_pad(rows: list[list[int]], pad_id: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -202,7 +202,7 @@ def cut_at_eos(row: list[int], eos_id: int | list[int]) -> list[int]:
 
 def stop_ids(model, eos_id: int) -> list[int]:
     """`eos_id` first, then every eos id of the model's generation config: Qwen2.5 ends a turn with <|im_end|>
-    but may also emit <|endoftext|>, and both must stop a row (models.load_policy lists them there)."""
+    but may also emit <|endoftext|>, and both must stop a row (infra.models.load_policy lists them there)."""
     configured = model.generation_config.eos_token_id
     configured = configured if isinstance(configured, list) else [configured]
     return list(dict.fromkeys([eos_id] + [i for i in configured if i is not None]))
@@ -239,7 +239,7 @@ def feed_prefixes(model, rows: list[list[int]], caches: list[PrefixCache | None]
 
 def one_autocast_region(fn):
     """Run fn(model, ...) inside one autocast region when the model asks for it (`model.generation_autocast_dtype`,
-    set by models.load_policy for fp32 master weights with autocast forwards). Each forward's own autocast then
+    set by infra.models.load_policy for fp32 master weights with autocast forwards). Each forward's own autocast then
     nests inside it and reuses the weight casts cached for the whole call; the cache (one compute-dtype copy of
     the weights: 7B in bf16, 15 GB) is freed when the call returns."""
     @functools.wraps(fn)
@@ -286,7 +286,7 @@ def generate(model, pad_id: int, eos_id: int, contexts: list[list[int]], *, max_
     objects are consumed: emptied layer by layer as the batch takes them over (a cache shared by several rows, a
     group's prefill, after its last row's batch), so the keys/values exist about once. keep_caches=False (or
     False at row i): that row's cache is dropped instead of split back (no further turn: a tip, a last step),
-    caches[i] is None. kv_cache: "dynamic" | "static" (rollout.kv_cache, kvcache.py; the same tokens).
+    caches[i] is None. kv_cache: "dynamic" | "static" (rollout.kv_cache, engine/kvcache.py; the same tokens).
 
     logprobs: a list to fill with one entry per context: the log-probs of its output tokens under the model
     (`RowSampler(record=True)`), or None where they were not recorded (seedless sampling at temperature > 0, whose
@@ -332,7 +332,7 @@ def generate(model, pad_id: int, eos_id: int, contexts: list[list[int]], *, max_
         del row_caches
         # Only the last token goes in as input_ids, so nothing is padded; the mask spans the cache + that token.
         # synced_gpus=False: transformers turns it on for an FSDP-wrapped model (every rank then keeps stepping until
-        # all are done, one all-reduce per token). Our FSDP generation runs inside runtime.full_weights (whole layers,
+        # all are done, one all-reduce per token). Our FSDP generation runs inside infra.runtime.full_weights (whole layers,
         # no collectives), where ranks generate independently and a synced rank would wait forever for the others.
         last = torch.tensor([[ctx[-1]] for ctx in chunk])
         mask = torch.cat([mask, torch.ones_like(last)], 1)
