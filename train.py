@@ -10,7 +10,7 @@ One iteration (paper Algorithm 1; docs/algorithm.md):
  2. pick B task rows (seeded), shard them over ranks, roll out N episodes per row in lockstep (rollout.py);
  3. the policy writes a tip per episode; all ranks exchange the new tips so memory stays identical (memory.py);
  4. GRPO advantages per row-group of N episodes (or GiGPO's per step), + the novelty bonus centred in the group
-    (intrinsic.combine); samples (rollout.build_samples): one per episode with full history (tip-free for
+    (intrinsic.combine); samples (samples.build_samples): one per episode with full history (tip-free for
     off-policy), one per step with a history window or with current-turn tips learned on-policy; every action token
     weighted per step (loss.aggregation); old log-probs computed once;
  5. `train.epochs` passes of shuffled mini-batches of ~`train.minibatch_steps` environment steps: clipped objective
@@ -353,7 +353,7 @@ def train(cfg: Config) -> dict:
             # 4-5. Advantages per group (groups never straddle ranks), samples, old log-probs, the clipped update.
             returns = {id(ep): advantage_return(ep, cfg.intrinsic) for ep in played}
             groups = [ep.group for ep in played]
-            if cfg.loss.advantage == "gigpo":  # GiGPO as verl-agent computes it: one advantage per step (losses.py)
+            if cfg.loss.advantage == "gigpo":  # GiGPO as verl-agent computes it: one advantage per step (advantages.py)
                 joint = cfg.intrinsic.combine == "return"
                 raw = [[r + p for r, p in zip(ep.rewards, ep.penalties)] for ep in played]  # rewards without penalty
                 scores = [sum(r) for r in raw]  # R_i, what the episode level compares (before each row's penalty)

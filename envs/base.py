@@ -28,7 +28,7 @@ Optional keys (absent means 0 / not applicable):
 
     penalty    float  the invalid-action penalty applied at this step (already subtracted from the returned
                       reward; WebShop: `invalid_action_penalty` for a malformed output, else 0.0). GiGPO adds it
-                      back to separate it: verl-agent charges it to that step's sample only (losses.py).
+                      back to separate it: verl-agent charges it to that step's sample only (advantages.py).
 
 An environment may add more keys (for example `valid_actions`).
 """
