@@ -38,14 +38,6 @@ class ConfigError(ValueError):
 # The three ways an EMPO² iteration plays and learns (paper §4.2), spelled the same in configs, metrics and code.
 MODES = ("no_memory", "on_policy_tips", "off_policy")
 
-# Keys renamed since earlier versions: a config that still uses one gets the new name in its error.
-RENAMED = {
-    "memory.p_memory_on_policy": "memory.p_on_policy_tips",
-    "memory.p_memory_off_policy": "memory.p_off_policy",
-    "env.history_window": "rollout.history_window",
-    "train.minibatches": "train.minibatch_steps (environment steps per optimiser step over all processes, e.g. 128)",
-}
-
 
 @dataclass
 class ModelConfig:
@@ -366,8 +358,6 @@ def _apply(obj, values: dict, prefix: str = "") -> None:
     for name, value in values.items():
         key = f"{prefix}{name}"
         if name not in names:
-            if key in RENAMED:
-                raise ConfigError(f"config key {key!r} was replaced by {RENAMED[key]}")
             raise ConfigError(f"unknown config key {key!r}; valid keys here: {sorted(names)}")
         current = getattr(obj, name)
         if dataclasses.is_dataclass(current):

@@ -138,12 +138,6 @@ def attention_implementation(model) -> str:
     return getattr(model.config, "_attn_implementation", None) or "eager"
 
 
-def forward_tokens(branch_points: list[int], branches: list[list[int]]) -> tuple[int, int]:
-    """Tokens through the forward for one episode: (per-step = sum_t (p_t + |b_t|), packed = p_T + sum_t |b_t|)."""
-    branch_tokens = sum(len(b) for b in branches)
-    return sum(branch_points) + branch_tokens, branch_points[-1] + branch_tokens
-
-
 def supported(model) -> bool:
     """Whether the model can score branch-packed samples (a 4-D mask in every layer); else per-step samples."""
     return attention_implementation(model) in MASKED_ATTENTIONS and supports_kv_reuse(model)

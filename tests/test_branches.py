@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import branches
-from engine.branches import BranchPacked, branch_attention_mask, forward_tokens, pack_branches
+from engine.branches import BranchPacked, branch_attention_mask, pack_branches
 from losses import sequence_action_logprobs
 
 
@@ -153,15 +153,6 @@ def test_attention_mask_by_hand():
     additive = branch_attention_mask([packed], width=10, dtype=torch.float32)
     assert torch.equal(additive[0, 0] == 0, want)
     assert torch.all(additive[0, 0][~want] == torch.finfo(torch.float32).min)
-
-
-def test_forward_tokens():
-    """per-step = sum_t (p_t + |b_t|); packed = p_T + sum_t |b_t|."""
-    assert forward_tokens([2, 4], [[20, 21], [30, 31, 32]]) == (2 + 2 + 4 + 3, 4 + 5)
-    ep = random_episode(random.Random(1), 4)
-    per_step, packed = forward_tokens(ep[1], ep[2])
-    assert per_step == sum(len(ep[0][:p]) + len(b) for p, b in zip(ep[1], ep[2]))
-    assert packed == len(pack(ep))
 
 
 @pytest.mark.parametrize("points, branches_, masks, message", [
