@@ -71,26 +71,24 @@ from samples import Sample, build_samples, minibatch_normaliser, split_by_steps
 
 def update(model, optimizer, samples, cfg: Config, accelerator, mode: str, pad_id: int, rng: random.Random,
            sharded: bool = False) -> dict:
-    """`train.epochs` passes of shuffled mini-batches of about `train.minibatch_steps` environment steps each.
-
-    Every action token carries a loss weight (`Sample.weights`, loss.aggregation) and a mini-batch's loss is
-    sum(w * l) / N over the whole mini-batch on ALL ranks, with ONE normaliser N for every mini-batch of the
-    iteration (`samples.minibatch_normaliser`: the units `train.minibatch_steps` steps hold). With the default
-    "step" weights every step weighs 1 / minibatch_steps in whichever optimiser step it lands, whichever rank holds
-    it, however episodes are packed and the shuffle cuts them. Mini-batch k is the union of every rank's k-th chunk;
-    every rank cuts its shuffled samples into the same number of chunks, balanced by step counts. Each micro-batch's
-    loss is already its share of the mini-batch loss, so a SUM over ranks gives it: `all_reduce_gradients` sums for
-    data parallel; FSDP's reduce-scatter averages, hence the extra factor world. Under FSDP every forward/backward
-    is a collective, so every rank runs as many micro-batches as the busiest one, padding with zero-weight
-    micro-batches (`padding_sample`)."""
+    """`train.epochs` passes of shuffled mini-batches of about `train.minibatch_steps` environment steps each: the
+    clipped objective (losses.samples_loss), gradient clipping, AdamW; a non-finite loss or gradient norm on any rank
+    skips that step on every rank. Every action token carries a loss weight (`Sample.weights`, loss.aggregation)
+    and a mini-batch's loss is sum(w * l) / N with ONE normaliser N for every mini-batch of the iteration
+    (`samples.minibatch_normaliser`): with "step" weights every step weighs 1 / minibatch_steps wherever it lands."""
+    # Ranks: mini-batch k is the union of every rank's k-th chunk (every rank cuts its shuffled samples into the
+    # same number of chunks, balanced by step counts). A rank holds a few whole episodes, so chunks vary in size: a
+    # per-mini-batch normaliser would weigh a step by the size of the mini-batch the shuffle put it in, hence one N
+    # from all ranks (`minibatch_plan`). Each micro-batch's loss is already its share of the mini-batch loss, so a
+    # SUM over ranks gives it: `all_reduce_gradients` sums for data parallel; FSDP's reduce-scatter averages, hence
+    # the extra factor world. Under FSDP every forward/backward is a collective, so every rank runs as many
+    # micro-batches as the busiest one, padding with zero-weight micro-batches (`padding_sample`).
     params = [p for p in model.parameters() if p.requires_grad]
     lowprob = cfg.loss.lowprob_mask if mode in cfg.loss.lowprob_mask_modes else "none"
     world = accelerator.num_processes
     sums: dict[str, float] = {}
     weight, ratio_max, steps, skipped, grad_norms, loss_sum = 0.0, 0.0, 0, 0, [], 0.0
     pad, positions, padding_passes = 0, 0, 0
-    # A rank holds a few whole episodes, so its chunks (and the mini-batches) vary in size: a per-mini-batch
-    # normaliser would weigh a step by the size of the mini-batch the shuffle put it in.
     count, normaliser = minibatch_plan(samples, cfg.train.minibatch_steps, accelerator)
     model.train()
     for _ in range(cfg.train.epochs):
