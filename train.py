@@ -5,17 +5,19 @@
     python train.py --config configs/quickstart.yaml --output_dir=runs/quick
     torchrun --nproc_per_node 2 train.py --config ...          (multi-process on CPU, gloo)
 
-One iteration (paper Algorithm 1; docs/algorithm.md):
- 1. draw the mode once (identical on all ranks: seeded by seed and iteration);
- 2. pick B task rows (seeded), shard them over ranks, roll out N episodes per row in lockstep (rollout.py);
- 3. the policy writes a tip per episode; all ranks exchange the new tips so memory stays identical (memory.py);
- 4. GRPO advantages per row-group of N episodes (or GiGPO's per step), + the novelty bonus centred in the group
-    (intrinsic.combine); samples (samples.build_samples): one per episode with full history (tip-free for
-    off-policy), one per step with a history window or with current-turn tips learned on-policy; every action token
-    weighted per step (loss.aggregation); old log-probs computed once;
- 5. `train.epochs` passes of shuffled mini-batches of ~`train.minibatch_steps` environment steps: clipped objective
+One iteration (paper Algorithm 1; docs/algorithm.md §7), one line per step in `train()`:
+ 1. draw the mode (rollout.draw_mode: seeded by seed and iteration, identical on all ranks);
+ 2. pick B task rows (seeded), shard them over ranks: a rank plays its rows' groups of N episodes;
+ 3. roll out in lockstep (rollout.run_episodes); an episode an environment crash cut is counted, not learned from;
+ 4. in memory modes the policy writes a tip per episode (rollout.write_tips);
+ 5. all ranks apply every rank's new tips in rank order, so the memory stays identical (memory.py);
+ 6. advantages: GRPO per row-group of N episodes (or GiGPO's per step), + the novelty tie-breaker (advantages.py);
+ 7. samples (samples.build_samples): the context each mode learns in, every action token weighted per step;
+ 8. old log-probs, once (and the KL reference's with `loss.kl_coef`);
+ 9. `train.epochs` passes of shuffled mini-batches of ~`train.minibatch_steps` environment steps: clipped objective
     (losses.py), every step weighing 1 / minibatch_steps (one normaliser for the iteration), gradient all-reduce,
     clipping, AdamW. A non-finite loss or gradient norm on any rank skips that optimiser step on every rank (logged).
+Then the metrics row, validation every `train.eval_every` iterations, a checkpoint every `train.save_every`.
 The GRPO baseline is this loop with `memory.enabled: false`. `python train.py --help` lists every config key.
 
 Multi-process design (infra/runtime.py checks the launch options first). Data parallel (LoRA, or a full fine-tune that
@@ -59,7 +61,8 @@ from infra.metrics import (EpisodeStats, MetricsLogger, episode_record, merge_ra
 from infra.models import ModelLoadError, load_policy, load_reference
 from rollout import (ChatStream, advantage_return, check_prompt_budget, draw_mode, intrinsic_return, novelty_bonus,
                      run_episodes, write_tips)
-from infra.runtime import check_launch, derive_seed, full_weights, gather_objects, make_accelerator, shard_model
+from infra.runtime import (check_launch, derive_seed, full_weights, gather_objects, make_accelerator, rng_devices,
+                           shard_model, stop_on_signals)
 from samples import Sample, build_samples, minibatch_normaliser, split_by_steps
 
 
@@ -68,26 +71,24 @@ from samples import Sample, build_samples, minibatch_normaliser, split_by_steps
 
 def update(model, optimizer, samples, cfg: Config, accelerator, mode: str, pad_id: int, rng: random.Random,
            sharded: bool = False) -> dict:
-    """`train.epochs` passes of shuffled mini-batches of about `train.minibatch_steps` environment steps each.
-
-    Every action token carries a loss weight (`Sample.weights`, loss.aggregation) and a mini-batch's loss is
-    sum(w * l) / N over the whole mini-batch on ALL ranks, with ONE normaliser N for every mini-batch of the
-    iteration (`samples.minibatch_normaliser`: the units `train.minibatch_steps` steps hold). With the default
-    "step" weights every step weighs 1 / minibatch_steps in whichever optimiser step it lands, whichever rank holds
-    it, however episodes are packed and the shuffle cuts them. Mini-batch k is the union of every rank's k-th chunk;
-    every rank cuts its shuffled samples into the same number of chunks, balanced by step counts. Each micro-batch's
-    loss is already its share of the mini-batch loss, so a SUM over ranks gives it: `all_reduce_gradients` sums for
-    data parallel; FSDP's reduce-scatter averages, hence the extra factor world. Under FSDP every forward/backward
-    is a collective, so every rank runs as many micro-batches as the busiest one, padding with zero-weight
-    micro-batches (`padding_sample`)."""
+    """`train.epochs` passes of shuffled mini-batches of about `train.minibatch_steps` environment steps each: the
+    clipped objective (losses.samples_loss), gradient clipping, AdamW; a non-finite loss or gradient norm on any rank
+    skips that step on every rank. Every action token carries a loss weight (`Sample.weights`, loss.aggregation)
+    and a mini-batch's loss is sum(w * l) / N with ONE normaliser N for every mini-batch of the iteration
+    (`samples.minibatch_normaliser`): with "step" weights every step weighs 1 / minibatch_steps wherever it lands."""
+    # Ranks: mini-batch k is the union of every rank's k-th chunk (every rank cuts its shuffled samples into the
+    # same number of chunks, balanced by step counts). A rank holds a few whole episodes, so chunks vary in size: a
+    # per-mini-batch normaliser would weigh a step by the size of the mini-batch the shuffle put it in, hence one N
+    # from all ranks (`minibatch_plan`). Each micro-batch's loss is already its share of the mini-batch loss, so a
+    # SUM over ranks gives it: `all_reduce_gradients` sums for data parallel; FSDP's reduce-scatter averages, hence
+    # the extra factor world. Under FSDP every forward/backward is a collective, so every rank runs as many
+    # micro-batches as the busiest one, padding with zero-weight micro-batches (`padding_sample`).
     params = [p for p in model.parameters() if p.requires_grad]
     lowprob = cfg.loss.lowprob_mask if mode in cfg.loss.lowprob_mask_modes else "none"
     world = accelerator.num_processes
     sums: dict[str, float] = {}
     weight, ratio_max, steps, skipped, grad_norms, loss_sum = 0.0, 0.0, 0, 0, [], 0.0
     pad, positions, padding_passes = 0, 0, 0
-    # A rank holds a few whole episodes, so its chunks (and the mini-batches) vary in size: a per-mini-batch
-    # normaliser would weigh a step by the size of the mini-batch the shuffle put it in.
     count, normaliser = minibatch_plan(samples, cfg.train.minibatch_steps, accelerator)
     model.train()
     for _ in range(cfg.train.epochs):
@@ -204,33 +205,19 @@ def all_reduce_gradients(params, accelerator, bucket_elements: int = 1 << 26) ->
             offset += p.numel()
 
 
-def stop_on_signals() -> dict:
-    """SIGTERM / SIGINT set {"requested": True}; the loop finishes its iteration, checkpoints and exits 0 (a
-    preempted job). A second signal stops at once (KeyboardInterrupt). {"restore"}() puts the old handlers back."""
-    import signal
-    import threading
-
-    state = {"requested": False, "restore": lambda: None}
-    if threading.current_thread() is not threading.main_thread():  # handlers can only be set there
-        return state
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-    def handler(signum, frame):
-        if state["requested"]:
-            raise KeyboardInterrupt
-        state["requested"] = True
-        print(f"signal {signum}: finishing this iteration, then checkpoint and exit (again to stop now)",
-              file=sys.stderr, flush=True)
-
-    for sig in previous:
-        signal.signal(sig, handler)
-    state["restore"] = lambda: [signal.signal(sig, old) for sig, old in previous.items()]
-    return state
+# ----------------------------------------------------------------------------- pieces of one iteration
 
 
-def rng_devices(accelerator) -> list:
-    """The CUDA device whose random state `torch.random.fork_rng` must save and restore (none on CPU)."""
-    return [accelerator.device] if accelerator.device.type == "cuda" else []
+class Clock:
+    """Timings: `lap(key)` = seconds since `start` or the last lap (laps in play, sync_memory, log_record)."""
+
+    def start(self) -> None:
+        self.last, self.laps = time.perf_counter(), {}
+
+    def lap(self, key: str) -> dict:
+        now = time.perf_counter()
+        self.laps[key], self.last = now - self.last, now
+        return self.laps
 
 
 def iteration_tasks(train_tasks: list, count: int, seed: int, iteration: int) -> list:
@@ -244,12 +231,126 @@ def iteration_tasks(train_tasks: list, count: int, seed: int, iteration: int) ->
     return rows[:count]
 
 
+def iteration_rows(train_tasks: list, cfg: Config, iteration: int, rank: int, world: int) -> tuple[list, list]:
+    """(tasks, groups) this rank plays: rows rank, rank + world, ... of the iteration's rows, each `group_size`
+    times; an episode's group is its row's index, so a group never spans ranks."""
+    rows = iteration_tasks(train_tasks, cfg.rollout.tasks_per_iteration, cfg.train.seed, iteration)
+    groups = [r for r in range(rank, len(rows), world) for _ in range(cfg.rollout.group_size)]
+    return [rows[r] for r in groups], groups
+
+
+def play(model, chat, envs, memory, cfg: Config, tasks, groups, mode, iteration, rank, pool, bar, clock) -> tuple:
+    """(episodes, played): this rank's episodes (rollout.run_episodes, under full_weights: FSDP ranks generate
+    different numbers of tokens) and those learned from. An episode cut by an environment crash has a partial
+    return: it is counted in the metrics but not learned from (no tip, no advantage statistics, no sample)."""
+    clock.start()
+    model.eval()
+    with full_weights(model):
+        seeds = [derive_seed(cfg.train.seed, "episode", iteration, rank, j) for j in range(len(tasks))]
+        episodes = run_episodes(model, chat, envs, tasks, groups, mode=mode, memory=memory, cfg=cfg.rollout,
+                                intrinsic=cfg.intrinsic, pool=pool, progress=bar, keep_caches=cfg.memory.enabled,
+                                seeds=seeds)
+        clock.lap("time_rollout")
+    for ep in episodes:
+        if ep.truncated == "env_error":
+            ep.kv_cache = None
+    return episodes, [ep for ep in episodes if ep.truncated != "env_error"]
+
+
+def reflect(model, chat, played, memory, cfg: Config, env) -> dict:
+    """The policy writes a tip per played episode (rollout.write_tips, under full_weights), staged in memory."""
+    if not cfg.memory.enabled:
+        return {"tips_written": 0.0, "tips_empty": 0.0}
+    with full_weights(model):
+        return write_tips(model, chat, played, memory, cfg.rollout, env.max_score())
+
+
+def sync_memory(memory, accelerator, clock) -> None:
+    """Every rank applies every rank's new tips in rank order, so the memory stays identical (TipMemory.sync)."""
+    if memory is not None:
+        memory.sync(lambda obj: gather_objects(accelerator, obj), accelerator.process_index)
+    clock.lap("time_tips")
+
+
+def compute_advantages(played, cfg: Config) -> tuple[list, dict]:
+    """(advantages, counts): GRPO's per group of N episodes, or GiGPO's per step as verl-agent computes it
+    (advantages.py), then the novelty bonus as a tie-breaker on the score (intrinsic.combine: advantage)."""
+    groups, counts = [ep.group for ep in played], {}
+    if cfg.loss.advantage == "gigpo":
+        joint = cfg.intrinsic.combine == "return"
+        raw = [[r + p for r, p in zip(ep.rewards, ep.penalties)] for ep in played]  # rewards without penalty
+        scores = [sum(r) for r in raw]  # R_i, what the episode level compares (before each row's penalty)
+        advantages, credited = gigpo_step_advantages(
+            raw, [ep.penalties for ep in played], [ep.anchors for ep in played], groups,
+            gamma=cfg.loss.gigpo_gamma, weight=cfg.loss.gigpo_weight, divide_std=cfg.loss.gigpo_divide_std,
+            episode_stats=cfg.loss.gigpo_episode_stats, eps=cfg.loss.advantage_eps,
+            episode_bonus=[intrinsic_return(ep, cfg.intrinsic) if joint else 0.0 for ep in played])
+        counts["steps_with_anchor_credit"] = float(credited)
+    else:
+        scores = [advantage_return(ep, cfg.intrinsic) for ep in played]
+        advantages = group_advantages(scores, groups, cfg.loss.advantage_eps)
+    if cfg.intrinsic.combine == "advantage" and cfg.intrinsic.coef:
+        advantages = novelty_advantages(
+            advantages, [novelty_bonus(ep, cfg.intrinsic) for ep in played], scores, groups, cfg.intrinsic.coef,
+            eps=cfg.loss.advantage_eps, divide_std=cfg.loss.advantage != "gigpo" or cfg.loss.gigpo_divide_std)
+    return advantages, counts
+
+
+def make_samples(played, advantages, cfg: Config, model) -> list[Sample]:
+    """samples.build_samples with the loss settings: the contexts each mode learns in, every token's weight."""
+    return build_samples(played, advantages, off_policy_old_logp=cfg.loss.off_policy_old_logp,
+                         aggregation=cfg.loss.aggregation, old_logp_source=cfg.loss.old_logp_source,
+                         branch_packing=cfg.train.branch_packing and branches_supported(model))
+
+
+def old_logprobs(model, reference, samples, pad_id: int, cfg: Config, accelerator) -> dict:
+    """Old log-probs once (losses.compute_old_logprobs), with the compute-dtype weights the update's forwards gather,
+    and with loss.kl_coef log pi_ref: FSDP reshards the policy first, never holding both models whole."""
+    with full_weights(model):
+        pad, positions = compute_old_logprobs(model, samples, pad_id, accelerator.device, cfg.train.micro_batch_size)
+    if cfg.loss.kl_coef:
+        with full_weights(model if reference is None else reference):
+            compute_reference_logprobs(model, samples, pad_id, accelerator.device, cfg.train.micro_batch_size,
+                                       reference=reference)
+    return {"old_logp_padding_frac": pad / max(positions, 1), "old_logp_tokens": float(positions)}
+
+
+def log_record(cfg: Config, accelerator, memory, out_dir: Path, iteration: int, mode: str, episodes, counts: dict,
+               update_metrics: dict, clock) -> dict:
+    """One metrics row from one exchange per iteration (every rank's episodes, update statistics and counts);
+    with train.log_episodes a seeded sample of this rank's episodes, turn by turn, for tools/viewer.py."""
+    times, rank = clock.lap("time_update"), accelerator.process_index
+    if cfg.train.log_episodes:  # a crashed episode with its partial return
+        records = [episode_record(ep, advantage_return(ep, cfg.intrinsic)) for ep in episodes]
+        write_episodes(out_dir / "episodes" / f"iter_{iteration:06d}_rank{rank}.jsonl", sample_for_log(
+            records, cfg.train.log_episodes, derive_seed(cfg.train.seed, "log", iteration, rank)))
+    stats = [EpisodeStats.of(ep, intrinsic_return(ep, cfg.intrinsic)) for ep in episodes]
+    parts = gather_objects(accelerator, (stats, update_metrics, counts))
+    return {"iteration": iteration, "mode": mode, **merge_rank_metrics(parts, memory), **times}
+
+
+def validate(model, chat, envs, test_tasks, cfg: Config, accelerator, pool, out_dir: Path, iteration: int) -> dict:
+    """The record's validation fields: eval.evaluate without memory, the same cases every time, on its own random
+    stream (it neither consumes the training stream nor depends on it)."""
+    start = time.perf_counter()
+    with full_weights(model), torch.random.fork_rng(devices=rng_devices(accelerator)):
+        torch.manual_seed(derive_seed(cfg.train.seed, "validation", iteration, accelerator.process_index))
+        val = evaluate(model, chat, envs, test_tasks, cfg, accelerator=accelerator, pool=pool, seed=derive_seed(
+            cfg.train.seed, "validation"), episodes_per_task=cfg.train.eval_episodes_per_task)
+    fields = dict(val_return_mean=val["return_mean"], val_success_rate=val["success_rate"],
+                  time_eval=time.perf_counter() - start)
+    if cfg.train.log_episodes and accelerator.is_main_process:
+        write_episodes(out_dir / "episodes" / f"val_{iteration:06d}.jsonl", val["logged_episodes"])
+    return fields
+
+
 # ----------------------------------------------------------------------------- the loop
 
 
 def train(cfg: Config) -> dict:
     from tqdm.auto import tqdm
 
+    # ---- setup
     launch = check_launch(cfg.model)  # before anything loads: an unsupported launch option stops here
     accelerator = make_accelerator()
     rank, world = accelerator.process_index, accelerator.num_processes
@@ -274,10 +375,8 @@ def train(cfg: Config) -> dict:
         model, tokenizer = load_policy(model_cfg, device=accelerator.device, autocast_forward=not launch.fsdp)
     if launch.fsdp:  # after loading (every rank holds the same fp32 weights), before the optimizer sees them
         shard_model(model, getattr(torch, cfg.model.dtype), launch)
-    # pi_ref of the KL term. LoRA: the policy with its adapters disabled (no copy). Full fine-tune: a frozen copy
-    # of the initial policy that computes as the policy does, loaded from name_or_path (on resume too, never the
-    # trained weights). Under FSDP it is sharded like the policy (same mesh, units and mixed-precision policy); the
-    # optimizer below never sees it.
+    # pi_ref of the KL term. LoRA: the policy with its adapters disabled (no copy). Full fine-tune: a frozen copy of
+    # the initial policy from name_or_path (on resume too), sharded like the policy; the optimizer never sees it.
     reference = None
     if cfg.loss.kl_coef and not cfg.model.lora:
         reference = load_reference(cfg.model, device=accelerator.device, autocast_forward=not launch.fsdp)
@@ -289,9 +388,7 @@ def train(cfg: Config) -> dict:
     chat = ChatStream(tokenizer)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.train.lr,
                                   weight_decay=cfg.train.weight_decay)
-    memory = None
-    if cfg.memory.enabled or cfg.intrinsic.coef > 0:
-        memory = TipMemory.from_config(cfg.memory)
+    memory = TipMemory.from_config(cfg.memory) if cfg.memory.enabled or cfg.intrinsic.coef > 0 else None
 
     start = 1
     if checkpoint is not None:
@@ -312,105 +409,31 @@ def train(cfg: Config) -> dict:
     check_prompt_budget(chat, envs[0], train_tasks + (test_tasks if cfg.train.eval_every else []), cfg.rollout)
     logger = MetricsLogger(out_dir, cfg, accelerator.is_main_process, start)  # drops rows a resume replays
     stop = stop_on_signals()  # SIGTERM / SIGINT: finish the iteration, checkpoint, exit 0
-    last: dict = {}
+    clock, last = Clock(), {}
 
     bar = tqdm(range(start, cfg.train.iterations + 1), disable=not accelerator.is_main_process, desc="train",
                initial=start - 1, total=cfg.train.iterations)
     try:
         for iteration in bar:
-            # 1-2. The mode and the task rows, identical on all ranks; this rank plays its rows' groups.
-            mode = draw_mode(cfg.memory, cfg.train.seed, iteration)
-            rows = iteration_tasks(train_tasks, cfg.rollout.tasks_per_iteration, cfg.train.seed, iteration)
-            my_rows = list(range(rank, len(rows), world))
-            tasks = [rows[r] for r in my_rows for _ in range(cfg.rollout.group_size)]
-            groups = [r for r in my_rows for _ in range(cfg.rollout.group_size)]
+            # ---- the iteration (Algorithm 1)
+            mode = draw_mode(cfg.memory, cfg.train.seed, iteration)  # 1. the mode, identical on all ranks
+            tasks, groups = iteration_rows(train_tasks, cfg, iteration, rank, world)  # 2. task rows, this rank's groups
+            episodes, played = play(model, chat, envs, memory, cfg, tasks, groups, mode, iteration, rank, threads, bar,
+                                    clock)  # 3. rollout; `played` leaves out episodes an environment crash cut
+            tip_stats = reflect(model, chat, played, memory, cfg, envs[0])  # 4. tips
+            sync_memory(memory, accelerator, clock)  # 5. memory sync
+            advantages, credit = compute_advantages(played, cfg)  # 6. GRPO or GiGPO + the novelty tie-breaker
+            samples = make_samples(played, advantages, cfg, model)  # 7. samples
+            old_stats = old_logprobs(model, reference, samples, chat.pad_id, cfg, accelerator)  # 8. (+ pi_ref's)
+            update_metrics = update(model, optimizer, samples, cfg, accelerator, mode, chat.pad_id, random.Random(
+                derive_seed(cfg.train.seed, "minibatches", iteration, rank)), sharded=launch.fsdp)  # 9. the update
 
-            t0 = time.perf_counter()
-            model.eval()
-            with full_weights(model):  # FSDP: whole layers while ranks generate different numbers of tokens
-                seeds = [derive_seed(cfg.train.seed, "episode", iteration, rank, j) for j in range(len(tasks))]
-                episodes = run_episodes(model, chat, envs, tasks, groups, mode=mode, memory=memory, cfg=cfg.rollout,
-                                        intrinsic=cfg.intrinsic, pool=threads, progress=bar,
-                                        keep_caches=cfg.memory.enabled, seeds=seeds)
-                t1 = time.perf_counter()
-
-                # An episode cut by an environment crash has a partial return: it is counted in the metrics but not
-                # learned from (no tip, not in its group's advantage statistics, no sample).
-                played = [ep for ep in episodes if ep.truncated != "env_error"]
-                for ep in episodes:
-                    if ep.truncated == "env_error":
-                        ep.kv_cache = None
-
-                # 3. Tips: the policy reflects on every episode; all ranks apply every rank's tips in rank order.
-                tip_stats = {"tips_written": 0.0, "tips_empty": 0.0}
-                if cfg.memory.enabled:
-                    tip_stats = write_tips(model, chat, played, memory, cfg.rollout, envs[0].max_score())
-                counts = {**tip_stats, "episodes_excluded": float(len(episodes) - len(played))}
-            if memory is not None:
-                memory.sync(lambda obj: gather_objects(accelerator, obj), rank)
-            t2 = time.perf_counter()
-
-            # 4-5. Advantages per group (groups never straddle ranks), samples, old log-probs, the clipped update.
-            returns = {id(ep): advantage_return(ep, cfg.intrinsic) for ep in played}
-            groups = [ep.group for ep in played]
-            if cfg.loss.advantage == "gigpo":  # GiGPO as verl-agent computes it: one advantage per step (advantages.py)
-                joint = cfg.intrinsic.combine == "return"
-                raw = [[r + p for r, p in zip(ep.rewards, ep.penalties)] for ep in played]  # rewards without penalty
-                scores = [sum(r) for r in raw]  # R_i, what the episode level compares (before each row's penalty)
-                advantages, credited = gigpo_step_advantages(
-                    raw, [ep.penalties for ep in played], [ep.anchors for ep in played], groups,
-                    gamma=cfg.loss.gigpo_gamma, weight=cfg.loss.gigpo_weight, divide_std=cfg.loss.gigpo_divide_std,
-                    episode_stats=cfg.loss.gigpo_episode_stats, eps=cfg.loss.advantage_eps,
-                    episode_bonus=[intrinsic_return(ep, cfg.intrinsic) if joint else 0.0 for ep in played])
-                counts["steps_with_anchor_credit"] = float(credited)
-            else:
-                scores = list(returns.values())
-                advantages = group_advantages(scores, groups, cfg.loss.advantage_eps)
-            if cfg.intrinsic.combine == "advantage" and cfg.intrinsic.coef:  # novelty breaks ties on the score
-                advantages = novelty_advantages(
-                    advantages, [novelty_bonus(ep, cfg.intrinsic) for ep in played], scores, groups, cfg.intrinsic.coef,
-                    eps=cfg.loss.advantage_eps,
-                    divide_std=cfg.loss.advantage != "gigpo" or cfg.loss.gigpo_divide_std)
-            samples = build_samples(played, advantages, off_policy_old_logp=cfg.loss.off_policy_old_logp,
-                                    aggregation=cfg.loss.aggregation, old_logp_source=cfg.loss.old_logp_source,
-                                    branch_packing=cfg.train.branch_packing and branches_supported(model))
-            with full_weights(model):  # the same compute-dtype weights the update's forwards gather layer by layer
-                old_pad, old_positions = compute_old_logprobs(model, samples, chat.pad_id, accelerator.device,
-                                                              cfg.train.micro_batch_size)
-            if cfg.loss.kl_coef:  # log pi_ref once per iteration, as the old log-probs. FSDP: the policy is sharded
-                # again here, so the peak is its shards + the whole reference (7B: 15.2 + 2.0 + 16.3 GB per rank on
-                # 8), never both models' whole weights at once
-                with full_weights(model if reference is None else reference):
-                    compute_reference_logprobs(model, samples, chat.pad_id, accelerator.device,
-                                               cfg.train.micro_batch_size, reference=reference)
-            update_rng = random.Random(derive_seed(cfg.train.seed, "minibatches", iteration, rank))  # resume-exact
-            update_metrics = update(model, optimizer, samples, cfg, accelerator, mode, chat.pad_id, update_rng,
-                                    sharded=launch.fsdp)
-            update_metrics["old_logp_padding_frac"] = old_pad / max(old_positions, 1)
-            update_metrics["old_logp_tokens"] = float(old_positions)  # positions through the old-log-prob forward
-            t3 = time.perf_counter()
-
-            if cfg.train.log_episodes:  # a seeded sample, turn by turn, for tools/viewer.py (a crashed one: partial return)
-                records = [episode_record(ep, returns.get(id(ep), advantage_return(ep, cfg.intrinsic))) for ep in episodes]
-                write_episodes(out_dir / "episodes" / f"iter_{iteration:06d}_rank{rank}.jsonl", sample_for_log(
-                    records, cfg.train.log_episodes, derive_seed(cfg.train.seed, "log", iteration, rank)))
-            # One exchange per iteration: every rank's episodes, update statistics and tip counts.
-            stats = [EpisodeStats.of(ep, intrinsic_return(ep, cfg.intrinsic)) for ep in episodes]
-            parts = gather_objects(accelerator, (stats, update_metrics, counts))
-            record = {"iteration": iteration, "mode": mode, **merge_rank_metrics(parts, memory),
-                      "time_rollout": t1 - t0, "time_tips": t2 - t1, "time_update": t3 - t2}
+            # ---- log, validate, checkpoint
+            counts = {**tip_stats, "episodes_excluded": float(len(episodes) - len(played)), **credit}
+            record = log_record(cfg, accelerator, memory, out_dir, iteration, mode, episodes, counts,
+                                {**update_metrics, **old_stats}, clock)
             if cfg.train.eval_every and (iteration % cfg.train.eval_every == 0 or iteration == cfg.train.iterations):
-                t4 = time.perf_counter()
-                # Its own random stream: validation neither consumes the training stream nor depends on it.
-                with full_weights(model), torch.random.fork_rng(devices=rng_devices(accelerator)):
-                    torch.manual_seed(derive_seed(cfg.train.seed, "validation", iteration, rank))
-                    val = evaluate(model, chat, envs, test_tasks, cfg, accelerator=accelerator, pool=threads,
-                                   episodes_per_task=cfg.train.eval_episodes_per_task,
-                                   seed=derive_seed(cfg.train.seed, "validation"))  # the same cases every time
-                record.update(val_return_mean=val["return_mean"], val_success_rate=val["success_rate"],
-                              time_eval=time.perf_counter() - t4)
-                if cfg.train.log_episodes and accelerator.is_main_process:
-                    write_episodes(out_dir / "episodes" / f"val_{iteration:06d}.jsonl", val["logged_episodes"])
+                record.update(validate(model, chat, envs, test_tasks, cfg, accelerator, threads, out_dir, iteration))
             logger.log(record)
             last = record
             bar.set_postfix(mode=mode, ret=f"{record['return_mean']:.1f}", mem=int(record.get("memory_size", 0)))

@@ -19,6 +19,7 @@
 * `shard_model(model, ...)` and `full_weights(model)`: FSDP2 sharding, and the context in which generation and the
   no-grad log-prob passes see whole layers (so ranks may run different numbers of forwards there).
 * `gather_objects(accelerator, obj)`: every rank's picklable `obj`, in rank order (one collective).
+* `stop_on_signals()`: SIGTERM / SIGINT let the training loop finish its iteration and checkpoint (a preempted job).
 * `derive_seed(*parts)`: the ONE way this project turns (seed, purpose, iteration, rank, ...) into an integer seed.
   Each random stream that must agree across ranks (the mode draw, the task rows) or be exactly reproducible on resume
   (the mini-batch shuffle) is seeded with it, named by its purpose, so streams never collide by accident of
@@ -30,6 +31,7 @@ import atexit
 import contextlib
 import hashlib
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -228,3 +230,35 @@ def derive_seed(*parts) -> int:
     it does not depend on PYTHONHASHSEED (unlike hash()), and different `parts` give unrelated seeds."""
     text = "\x1f".join(str(p) for p in parts).encode()
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
+
+
+# ----------------------------------------------------------------------------- signals and random streams
+
+
+def stop_on_signals() -> dict:
+    """SIGTERM / SIGINT set {"requested": True}; the loop finishes its iteration, checkpoints and exits 0 (a
+    preempted job). A second signal stops at once (KeyboardInterrupt). {"restore"}() puts the old handlers back."""
+    import signal
+    import threading
+
+    state = {"requested": False, "restore": lambda: None}
+    if threading.current_thread() is not threading.main_thread():  # handlers can only be set there
+        return state
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def handler(signum, frame):
+        if state["requested"]:
+            raise KeyboardInterrupt
+        state["requested"] = True
+        print(f"signal {signum}: finishing this iteration, then checkpoint and exit (again to stop now)",
+              file=sys.stderr, flush=True)
+
+    for sig in previous:
+        signal.signal(sig, handler)
+    state["restore"] = lambda: [signal.signal(sig, old) for sig, old in previous.items()]
+    return state
+
+
+def rng_devices(accelerator) -> list:
+    """The CUDA device whose random state `torch.random.fork_rng` must save and restore (none on CPU)."""
+    return [accelerator.device] if accelerator.device.type == "cuda" else []
