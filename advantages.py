@@ -29,6 +29,8 @@ import math
 
 import torch
 
+from config import IntrinsicConfig
+
 
 def pool_normalise(values: torch.Tensor, pool: torch.Tensor, eps: float = 1e-6, divide_std: bool = True
                    ) -> torch.Tensor:
@@ -199,3 +201,26 @@ def novelty_advantages(advantages: list, bonuses: list[float], scores: list[floa
                 extra = coef * h * math.tanh(bonuses[i] - mean)
                 out[i] = [v + extra for v in out[i]] if isinstance(out[i], list) else out[i] + extra
     return out
+
+
+# ----------------------------------------------------------------------------- an episode's score and novelty
+
+
+def novelty_bonus(ep, intrinsic: IntrinsicConfig) -> float:
+    """B_i: the sum (or, intrinsic.aggregate=mean, the mean) over the episode's steps of the bonuses 1/n_t."""
+    if not ep.intrinsic:
+        return 0.0
+    total = float(sum(ep.intrinsic))
+    return total / len(ep.intrinsic) if intrinsic.aggregate == "mean" else total
+
+
+def intrinsic_return(ep, intrinsic: IntrinsicConfig) -> float:
+    """What the novelty bonus is worth: coef * B_i (added to the return or, centred, to the advantage)."""
+    return intrinsic.coef * novelty_bonus(ep, intrinsic) if intrinsic.coef else 0.0
+
+
+def advantage_return(ep, intrinsic: IntrinsicConfig) -> float:
+    """R_i the group normalises: the extrinsic return, + coef * B_i with intrinsic.combine=return (paper §4.2's
+    reading "reward + bonus"); with combine=advantage the bonus enters after normalisation
+    (novelty_advantages)."""
+    return ep.extrinsic_return + (intrinsic_return(ep, intrinsic) if intrinsic.combine == "return" else 0.0)

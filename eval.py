@@ -41,9 +41,9 @@ from config import Config, ConfigError, config_help, load_config, split_cli, spl
 from envs import make_env_pool
 from envs.base import Task
 from infra.models import load_policy, load_trainable
-from memory import TipEntry, TipMemory
+from memory import TipEntry, TipMemory, tip_entries
 from infra.metrics import episode_record, sample_for_log, write_episodes
-from rollout import ChatStream, run_episodes, tip_entries, write_tips
+from rollout import ChatStream, run_episodes, write_tips
 from infra.runtime import LaunchError, check_launch, derive_seed, gather_objects, make_accelerator
 
 

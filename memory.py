@@ -4,8 +4,9 @@ Plain Python, keyed by task (`Task.key` = "task-name/variation" or "webshop/goal
 `key_by="family"` (memory.key) stores every variation's / goal's tips in one slot per task family ("webshop"), so
 that slots recur when rows rarely do (16 of thousands of WebShop goals per iteration); novelty stays per task.
 
-Tips. After every training episode the policy writes one sentence about it (rollout.write_tips). For every step i
-of that episode one `TipEntry(tip, action_i, return, state_i, goal, max_score)` is stored, rendered like the
+Tips. After every training episode the policy writes one sentence about it (rollout.write_tips; `clean_tip` keeps
+its first line). For every step i of that episode one `TipEntry(tip, action_i, return, state_i, goal, max_score)`
+(`tip_entries`) is stored, rendered like the
 reference: "<tip>; At that timestep, the specific action your took was <a_i>; Eventually you got the score
 <R>/<max_score>." (ScienceWorld: "/100", the reference's text; max_score = Env.max_score(), the reward's scale).
 * exact de-duplication on the rendered text (and the goal), per key;
@@ -95,6 +96,23 @@ def distinct_shown(entries: Iterable[TipEntry], form: str) -> Iterable[TipEntry]
         if text not in seen:
             seen.add(text)
             yield entry
+
+
+def clean_tip(text: str, max_words: int = 100) -> str:
+    """First non-empty line, at most `max_words` words ('' if the model wrote nothing usable)."""
+    for line in text.splitlines():
+        line = line.strip().strip('"').strip()
+        if line:
+            return " ".join(line.split()[:max_words])
+    return ""
+
+
+def tip_entries(ep, max_score: float = 100.0) -> list[TipEntry]:
+    """One memory entry per step of an episode with a tip: (tip, the step's action, the return, the step's state,
+    the episode's first message as its goal, the reward's scale `max_score` = Env.max_score())."""
+    goal = ep.observations[0] if ep.observations else ""
+    return [TipEntry(tip=ep.tip, action=action, ret=round(ep.extrinsic_return, 1), state=observation, goal=goal,
+                     max_score=max_score) for observation, action in zip(ep.observations, ep.actions)] if ep.tip else []
 
 
 def state_key(observation: str) -> str:

@@ -38,7 +38,7 @@ from config import MODES, ConfigError, IntrinsicConfig, MemoryConfig, RolloutCon
 from envs.base import Env, Task
 from engine.generation import ChatStream, generate, prefill
 from engine.kvcache import PrefixCache, supports_kv_reuse
-from memory import TipEntry, TipMemory, tip_block
+from memory import TipMemory, clean_tip, tip_block, tip_entries
 from infra.runtime import derive_seed
 
 # The released (grammar-fixed) version of the paper's App. B tip-generation prompt.
@@ -148,26 +148,6 @@ class Episode:
     @property
     def num_actions(self) -> int:
         return len(self.actions)
-
-
-def novelty_bonus(ep: Episode, intrinsic: IntrinsicConfig) -> float:
-    """B_i: the sum (or, intrinsic.aggregate=mean, the mean) over the episode's steps of the bonuses 1/n_t."""
-    if not ep.intrinsic:
-        return 0.0
-    total = float(sum(ep.intrinsic))
-    return total / len(ep.intrinsic) if intrinsic.aggregate == "mean" else total
-
-
-def intrinsic_return(ep: Episode, intrinsic: IntrinsicConfig) -> float:
-    """What the novelty bonus is worth: coef * B_i (added to the return or, centred, to the advantage)."""
-    return intrinsic.coef * novelty_bonus(ep, intrinsic) if intrinsic.coef else 0.0
-
-
-def advantage_return(ep: Episode, intrinsic: IntrinsicConfig) -> float:
-    """R_i the group normalises: the extrinsic return, + coef * B_i with intrinsic.combine=return (paper §4.2's
-    reading "reward + bonus"); with combine=advantage the bonus enters after normalisation
-    (advantages.novelty_advantages)."""
-    return ep.extrinsic_return + (intrinsic_return(ep, intrinsic) if intrinsic.combine == "return" else 0.0)
 
 
 def generate_actions(model, chat: ChatStream, contexts: list[list[int]], caches=None, **kwargs) -> list[list[int]]:
@@ -404,15 +384,6 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
     return episodes
 
 
-def clean_tip(text: str, max_words: int = 100) -> str:
-    """First non-empty line, at most `max_words` words ('' if the model wrote nothing usable)."""
-    for line in text.splitlines():
-        line = line.strip().strip('"').strip()
-        if line:
-            return " ".join(line.split()[:max_words])
-    return ""
-
-
 def trajectory_text(ep: Episode, observation_chars: int) -> str:
     """A history-window episode as one message for its tip: its first message (the task), then every action (its
     <think> part dropped) and the observation it led to, each observation cut to its first `observation_chars`."""
@@ -469,11 +440,3 @@ def write_tips(model, chat: ChatStream, episodes: list[Episode], memory: TipMemo
         for entry in tip_entries(ep, max_score) if memory is not None else ():
             memory.stage(ep.task.key, entry)
     return {"tips_written": float(len(todo) - empty), "tips_empty": float(empty)}
-
-
-def tip_entries(ep: Episode, max_score: float = 100.0) -> list[TipEntry]:
-    """One memory entry per step of an episode with a tip: (tip, the step's action, the return, the step's state,
-    the episode's first message as its goal, the reward's scale `max_score` = Env.max_score())."""
-    goal = ep.observations[0] if ep.observations else ""
-    return [TipEntry(tip=ep.tip, action=action, ret=round(ep.extrinsic_return, 1), state=observation, goal=goal,
-                     max_score=max_score) for observation, action in zip(ep.observations, ep.actions)] if ep.tip else []

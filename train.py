@@ -47,22 +47,22 @@ import numpy as np
 import torch
 import yaml
 
-from advantages import gigpo_step_advantages, group_advantages, novelty_advantages
-from engine.branches import supported as branches_supported
-from infra.checkpoint import (CheckpointError, check_resume, find_checkpoint, load_checkpoint, save_checkpoint,
-                        write_rank_fingerprints)
+from advantages import (advantage_return, gigpo_step_advantages, group_advantages, intrinsic_return, novelty_advantages,
+                        novelty_bonus)
 from config import Config, ConfigError, config_help, load_config, split_cli, to_dict
+from engine.branches import supported as branches_supported
 from envs import make_env_pool
 from eval import evaluate
+from infra.checkpoint import (CheckpointError, check_resume, find_checkpoint, load_checkpoint, save_checkpoint,
+                              write_rank_fingerprints)
+from infra.metrics import (Clock, EpisodeStats, MetricsLogger, episode_record, merge_rank_metrics, plot_metrics,
+                           sample_for_log, write_episodes)
+from infra.models import ModelLoadError, load_policy, load_reference
+from infra.runtime import (all_ranks, all_reduce_gradients, check_launch, derive_seed, full_weights, gather_objects,
+                           make_accelerator, minibatch_shape, rng_devices, shard_model, stop_on_signals)
 from losses import compute_old_logprobs, compute_reference_logprobs, length_buckets, padded_tokens, samples_loss
 from memory import TipMemory
-from infra.metrics import (EpisodeStats, MetricsLogger, episode_record, merge_rank_metrics, plot_metrics, sample_for_log,
-                     write_episodes)
-from infra.models import ModelLoadError, load_policy, load_reference
-from rollout import (ChatStream, advantage_return, check_prompt_budget, draw_mode, intrinsic_return, novelty_bonus,
-                     run_episodes, write_tips)
-from infra.runtime import (check_launch, derive_seed, full_weights, gather_objects, make_accelerator, rng_devices,
-                           shard_model, stop_on_signals)
+from rollout import ChatStream, check_prompt_budget, draw_mode, run_episodes, write_tips
 from samples import Sample, build_samples, minibatch_normaliser, split_by_steps
 
 
@@ -156,68 +156,13 @@ def minibatch_plan(samples: list[Sample], minibatch_steps: int, accelerator) -> 
     return max(1, round(steps / minibatch_steps)), minibatch_normaliser(steps, units, minibatch_steps)
 
 
-def minibatch_shape(units: float, n_micro: int, accelerator, sharded: bool) -> tuple[float, int]:
-    """(the global mini-batch's units: 0 means no rank has a weighted sample, forward/backward passes this rank
-    runs): its own micro-batches, or under FSDP the largest number any rank has. One small all-gather per mini-batch."""
-    if accelerator.num_processes == 1:
-        return units, n_micro
-    shape = accelerator.gather(torch.tensor([[units, float(n_micro)]], device=accelerator.device)).reshape(-1, 2)
-    return float(shape[:, 0].sum().item()), int(shape[:, 1].max().item()) if sharded else n_micro
-
-
-def all_ranks(flag: bool, accelerator) -> bool:
-    """True when `flag` is true on every rank (one tiny all-reduce with several processes)."""
-    if accelerator.num_processes == 1:
-        return flag
-    bad = accelerator.reduce(torch.tensor([0.0 if flag else 1.0], device=accelerator.device), reduction="sum")
-    return bad.item() == 0
-
-
 def padding_sample(pad_id: int) -> Sample:
     """A 2-token sample with one action token and advantage 0: the cheapest forward/backward FSDP can match."""
     return Sample(ids=[pad_id, pad_id], mask=[0, 1], old_ids=[pad_id, pad_id], old_mask=[0, 1], advantages=[0.0],
                   old_logp=[0.0], weights=[0.0])
 
 
-def all_reduce_gradients(params, accelerator, bucket_elements: int = 1 << 26) -> None:
-    """Sum the gradients over ranks (each rank's loss already carries its share of the global mini-batch).
-
-    Flat fp32 buckets of at most `bucket_elements` (256 MB), so a full fine-tune never builds one buffer of every
-    gradient (28 GB for 7B). A rank without samples has no gradient yet; it still takes part with zeros (one
-    process too: AdamW then steps exactly as one rank of a multi-process run would)."""
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    if accelerator.num_processes == 1:
-        return
-    buckets, size = [[]], 0
-    for p in params:
-        if buckets[-1] and size + p.numel() > bucket_elements:
-            buckets.append([])
-            size = 0
-        buckets[-1].append(p)
-        size += p.numel()
-    for bucket in buckets:
-        flat = accelerator.reduce(torch.cat([p.grad.reshape(-1).float() for p in bucket]), reduction="sum")
-        offset = 0
-        for p in bucket:
-            p.grad.copy_(flat[offset : offset + p.numel()].view_as(p.grad).to(p.grad.dtype))
-            offset += p.numel()
-
-
 # ----------------------------------------------------------------------------- pieces of one iteration
-
-
-class Clock:
-    """Timings: `lap(key)` = seconds since `start` or the last lap (laps in play, sync_memory, log_record)."""
-
-    def start(self) -> None:
-        self.last, self.laps = time.perf_counter(), {}
-
-    def lap(self, key: str) -> dict:
-        now = time.perf_counter()
-        self.laps[key], self.last = now - self.last, now
-        return self.laps
 
 
 def iteration_tasks(train_tasks: list, count: int, seed: int, iteration: int) -> list:

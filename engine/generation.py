@@ -166,7 +166,7 @@ class ScoreCheck:
 
 class FirstLineStop:
     """A `transformers.StoppingCriteria` that ends a row at the first newline after some text: only a tip's first
-    line is kept (rollout.clean_tip), so decoding the rest of a paragraph is wasted. `lengths[i]`: how many tokens
+    line is kept (memory.clean_tip), so decoding the rest of a paragraph is wasted. `lengths[i]`: how many tokens
     row i keeps (0: not stopped here; HF pads a stopped row afterwards, `generate` cuts it)."""
 
     def __init__(self, token_texts: list[str]):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,7 +49,7 @@ class EpisodeStats:
 
     @classmethod
     def of(cls, ep, intrinsic_return: float = 0.0) -> "EpisodeStats":
-        """ep: a rollout.Episode; intrinsic_return: rollout.intrinsic_return(ep, cfg.intrinsic)."""
+        """ep: a rollout.Episode; intrinsic_return: advantages.intrinsic_return(ep, cfg.intrinsic)."""
         return cls(ep.extrinsic_return, ep.success, ep.num_actions, ep.truncated, list(ep.tips_retrieved),
                    list(ep.intrinsic), intrinsic_return, sum(ep.corrected))
 
@@ -250,3 +251,15 @@ def plot_metrics(metrics_path: Path, png_path: Path) -> None:
     fig.tight_layout()
     fig.savefig(png_path, dpi=100)
     plt.close(fig)
+
+
+class Clock:
+    """Timings: `lap(key)` = seconds since `start` or the last lap (laps in play, sync_memory, log_record)."""
+
+    def start(self) -> None:
+        self.last, self.laps = time.perf_counter(), {}
+
+    def lap(self, key: str) -> dict:
+        now = time.perf_counter()
+        self.laps[key], self.last = now - self.last, now
+        return self.laps

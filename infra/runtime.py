@@ -6,7 +6,7 @@
   generation and over unequal per-rank work, see train.py), so nothing accelerate would do silently is allowed
   to be skipped silently. Supported:
     - processes / machines (`--num_processes`, `--num_machines`, `--multi_gpu`): data parallel, gradients
-      averaged by `train.all_reduce_gradients`;
+      summed by `all_reduce_gradients`;
     - `mixed_precision` no | bf16 | fp16: the compute dtype (`model.dtype`); bf16/fp16 with fp32 master weights for
       a full fine-tune (infra.models.load_policy); a flag that contradicts `model.dtype` is an error;
     - FSDP version 2 for a full fine-tune (`distributed_type: FSDP`, configs/accelerate/fsdp_8gpu.yaml): decoder
@@ -20,6 +20,7 @@
   no-grad log-prob passes see whole layers (so ranks may run different numbers of forwards there).
 * `gather_objects(accelerator, obj)`: every rank's picklable `obj`, in rank order (one collective).
 * `stop_on_signals()`: SIGTERM / SIGINT let the training loop finish its iteration and checkpoint (a preempted job).
+* `minibatch_shape`, `all_ranks`, `all_reduce_gradients`: the update's collectives (train.update).
 * `derive_seed(*parts)`: the ONE way this project turns (seed, purpose, iteration, rank, ...) into an integer seed.
   Each random stream that must agree across ranks (the mode draw, the task rows) or be exactly reproducible on resume
   (the mini-batch shuffle) is seeded with it, named by its purpose, so streams never collide by accident of
@@ -262,3 +263,49 @@ def stop_on_signals() -> dict:
 def rng_devices(accelerator) -> list:
     """The CUDA device whose random state `torch.random.fork_rng` must save and restore (none on CPU)."""
     return [accelerator.device] if accelerator.device.type == "cuda" else []
+
+
+# ----------------------------------------------------------------------------- collectives of the update
+
+
+def minibatch_shape(units: float, n_micro: int, accelerator, sharded: bool) -> tuple[float, int]:
+    """(the global mini-batch's units: 0 means no rank has a weighted sample, forward/backward passes this rank
+    runs): its own micro-batches, or under FSDP the largest number any rank has. One small all-gather per mini-batch."""
+    if accelerator.num_processes == 1:
+        return units, n_micro
+    shape = accelerator.gather(torch.tensor([[units, float(n_micro)]], device=accelerator.device)).reshape(-1, 2)
+    return float(shape[:, 0].sum().item()), int(shape[:, 1].max().item()) if sharded else n_micro
+
+
+def all_ranks(flag: bool, accelerator) -> bool:
+    """True when `flag` is true on every rank (one tiny all-reduce with several processes)."""
+    if accelerator.num_processes == 1:
+        return flag
+    bad = accelerator.reduce(torch.tensor([0.0 if flag else 1.0], device=accelerator.device), reduction="sum")
+    return bad.item() == 0
+
+
+def all_reduce_gradients(params, accelerator, bucket_elements: int = 1 << 26) -> None:
+    """Sum the gradients over ranks (each rank's loss already carries its share of the global mini-batch).
+
+    Flat fp32 buckets of at most `bucket_elements` (256 MB), so a full fine-tune never builds one buffer of every
+    gradient (28 GB for 7B). A rank without samples has no gradient yet; it still takes part with zeros (one
+    process too: AdamW then steps exactly as one rank of a multi-process run would)."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    if accelerator.num_processes == 1:
+        return
+    buckets, size = [[]], 0
+    for p in params:
+        if buckets[-1] and size + p.numel() > bucket_elements:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(p)
+        size += p.numel()
+    for bucket in buckets:
+        flat = accelerator.reduce(torch.cat([p.grad.reshape(-1).float() for p in bucket]), reduction="sum")
+        offset = 0
+        for p in bucket:
+            p.grad.copy_(flat[offset : offset + p.numel()].view_as(p.grad).to(p.grad.dtype))
+            offset += p.numel()

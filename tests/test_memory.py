@@ -44,10 +44,10 @@ def played_episode(env, task, commands, tip):
 
 
 def test_tip_only_retrieval_shows_each_sentence_once_from_real_episodes():
-    """An episode stores one entry per step with the same sentence (rollout.tip_entries): with tip_only the top 3
+    """An episode stores one entry per step with the same sentence (memory.tip_entries): with tip_only the top 3
     are the three best distinct sentences, not one sentence three times; the reference form is unchanged."""
     from envs.sanity import SanityConfig, SanityEnv
-    from rollout import tip_entries
+    from memory import tip_entries
     env = SanityEnv(SanityConfig(num_stages=3, max_steps=4, fatal=False))
     task = env.tasks("train")[0]  # the black lamp: connect the wire, press the button, focus
     solved = ["connect the black wire", "press the black button", "focus on the black lamp"]

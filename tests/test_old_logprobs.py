@@ -9,7 +9,8 @@ from envs.base import Task
 from engine.generation import FirstLineStop, generate
 from losses import compute_old_logprobs
 from memory import TipEntry, TipMemory
-from rollout import ChatStream, clean_tip, run_episodes
+from memory import clean_tip
+from rollout import ChatStream, run_episodes
 from samples import build_samples
 
 from conftest import RoomsEnv

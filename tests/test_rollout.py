@@ -12,13 +12,14 @@ import sys
 import pytest
 import torch
 
+from advantages import advantage_return, intrinsic_return
 from config import IntrinsicConfig, MemoryConfig, RolloutConfig
 from envs.base import Task
 from losses import compute_old_logprobs, sequence_action_logprobs
-from memory import TipEntry, TipMemory, tip_block
+from memory import TipEntry, TipMemory, clean_tip, tip_block
 from samples import build_samples, per_step_samples
-from rollout import (ChatStream, ContextBudgetError, Episode, advantage_return, draw_mode,
-                     clean_tip, generate_actions, intrinsic_return, pay_novelty, run_episodes,
+from rollout import (ChatStream, ContextBudgetError, Episode, draw_mode,
+                     generate_actions, pay_novelty, run_episodes,
                      write_tips)
 
 from chat_reference import QWEN25_SYSTEM, first_difference, render_episode

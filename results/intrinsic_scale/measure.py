@@ -25,7 +25,8 @@ from config import IntrinsicConfig  # noqa: E402
 from envs.base import Task  # noqa: E402
 from envs.scienceworld import ScienceWorldConfig, ScienceWorldEnv  # noqa: E402
 from memory import TipMemory  # noqa: E402
-from rollout import Episode, intrinsic_return, pay_novelty  # noqa: E402
+from advantages import intrinsic_return  # noqa: E402
+from rollout import Episode, pay_novelty  # noqa: E402
 
 
 def play_group(env: ScienceWorldEnv, task: Task, group: int, rng: random.Random):

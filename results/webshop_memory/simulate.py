@@ -16,7 +16,7 @@ Later steps (result pages, item pages) are not simulated: their observations are
 Tip relevance (tip_relevance.md): the real TipMemory of the WebShop configs (memory.key family, similarity none,
 top 10, capacity 1000) filled as a run fills it: every iteration each row's 8 episodes write one entry per step
 (`--steps` values), one tip sentence per episode, return 10 with probability `--p_success` (else 0), the goal =
-the row's first user message (what rollout.tip_entries stores). At each row's first step: the share of the shown
+the row's first user message (what memory.tip_entries stores). At each row's first step: the share of the shown
 tips written for a goal with the same product type (the goal's `query`) and the hit rate, retrieved by return
 alone (before: what retrieval did without the goal) and by goal similarity, then return (after).
 """
@@ -88,7 +88,7 @@ def relevance_table(env, train_tasks, args) -> list[str]:
             m = result[f"{steps} steps, {name}"]
             lines.append(f"| {steps} | {name} | {m['before']:.1%} | {m['after']:.1%} | {m['hit_before']:.1%} | "
                          f"{m['hit_after']:.1%} |")
-    lines += ["", "`first message` is what the code stores and compares (rollout.tip_entries); `instruction only` "
+    lines += ["", "`first message` is what the code stores and compares (memory.tip_entries); `instruction only` "
               "compares the instructions alone, for reference (the prompt template around them is shared)."]
     (Path(args.out) / "tip_relevance.json").write_text(json.dumps(result, indent=1))
     return lines

@@ -3,7 +3,8 @@ return out of the reward's own scale (memory.py, docs/webshop.md "Memory key")."
 from envs.webshop import WebShopConfig, WebShopEnv
 from envs.webshop.agents import scripted_episode
 from memory import TipMemory
-from rollout import Episode, tip_entries
+from memory import tip_entries
+from rollout import Episode
 
 
 def act(action: str) -> str:
