@@ -24,7 +24,7 @@ def make_env(env_cfg, jvm_host=None) -> Env:
 
 
 def make_env_pool(env_cfg, size: int) -> list[Env]:
-    """`size` environments, started in parallel threads (a ScienceWorld JVM takes 1-2.5 s to start); ScienceWorld
+    """`size` environments, started in parallel threads (a ScienceWorld JVM takes seconds to start); ScienceWorld
     with `jvms: N` spreads them over N shared JVMs."""
     hosts = [None] * size
     if env_cfg.name == "scienceworld" and env_cfg.scienceworld.jvms > 0:

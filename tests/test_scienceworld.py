@@ -18,6 +18,7 @@ import pytest
 from envs.base import STEP_INFO_KEYS, Task
 from envs.scienceworld import ScienceWorldConfig, ScienceWorldEnv
 from envs.scienceworld.demos import forget_demos
+from envs.scienceworld.env import ENV_STEP_LIMIT
 from envs.scienceworld.prompts import (MAX_ACTION_CHARS, NAIVE_INSTRUCTION, best_match, build_instruction, clean_action,
                                        focus_items)
 
@@ -86,6 +87,34 @@ def test_instruction_wording():
            "Your task is X." in text
     assert "Items in your inventory:\nan orange" in text
     assert "Important! You can only use FOCUS actions on these items: red light bulb.\n" in text
+
+
+def test_every_environment_jvm_gets_the_fixed_hash_order(monkeypatch):
+    """-XX:hashCode=2 is no config key: `JvmHost` (every environment's JVM) always passes it; only `start_jvm`'s
+    fixed_hash_order=False, for measurements, leaves it out. No JVM is started."""
+    pytest.importorskip("scienceworld")
+    import py4j.java_gateway
+
+    from envs.scienceworld.jvm import JvmHost, start_jvm
+
+    class Launched(Exception):
+        pass
+
+    seen = []
+
+    def launch_gateway(**kwargs):
+        seen.append(kwargs["javaopts"])
+        raise Launched
+
+    monkeypatch.setattr(py4j.java_gateway, "launch_gateway", launch_gateway)
+    monkeypatch.delenv("JAVA_TOOL_OPTIONS", raising=False)
+    host = JvmHost(512, 10)
+    with pytest.raises(Launched):
+        host.server(host.register())
+    with pytest.raises(Launched):
+        start_jvm(512, 10, fixed_hash_order=False)
+    assert "-XX:hashCode=2" in seen[0] and "-Xmx512m" in seen[0]
+    assert "-XX:hashCode=2" not in seen[1] and "-Xmx512m" in seen[1]
 
 
 # ----------------------------------------------------------------------------- real simulator (JVM: java + slow)
@@ -238,6 +267,17 @@ def test_step_limit_truncates(env):
         assert done and info["truncated"] and not info["success"] and info["env_error"] == ""
     finally:
         env.cfg.max_steps_per_task = {}
+    # ScienceWorld's own move limit: fixed at its default (no config key); more moves than that truncate
+    assert ENV_STEP_LIMIT == 100 and env.env_step_limit == ENV_STEP_LIMIT
+    env.env_step_limit = 1
+    try:
+        env.reset(PC)
+        _, _, done, info = env.step("look around")  # free: no move
+        assert not done and info["moves"] <= 1
+        _, _, done, info = env.step("wait1")
+        assert done and info["truncated"] and info["moves"] > 1 and info["env_error"] == ""
+    finally:
+        env.env_step_limit = ENV_STEP_LIMIT
 
 
 @pytest.mark.java

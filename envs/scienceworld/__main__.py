@@ -25,9 +25,9 @@ def _fmt(xs: list[float]) -> str:
 
 def bench(task: str = "power-component", variation: int = 0, rounds: int = 3) -> None:
     """Print median (p90) step latencies of our env and of the package's env."""
-    cfg = ScienceWorldConfig(tasks=[task], num_demos=0, max_steps=1000, env_step_limit=10000)
+    cfg = ScienceWorldConfig(tasks=[task], num_demos=0, max_steps=1000)
     t = time.perf_counter()
-    env = ScienceWorldEnv(cfg)
+    env = ScienceWorldEnv(cfg, env_step_limit=10000)
     print(f"JVM start + split listing: {time.perf_counter() - t:.2f} s")
     from scienceworld import ScienceWorldEnv as PackageEnv
 

@@ -23,12 +23,10 @@ class ScienceWorldConfig:
     action_correction: bool = True  # map an action ScienceWorld does not parse to the closest valid action
     # End every user turn after the first with the naive instruction ("You could try to explore different actions,
     # ... No extra words are allowed."), as the reference ends its last user message each step; said only in the
-    # first message it is 3-7k tokens away after 10-30 turns
+    # first message it ends up far from the generation point (docs/scienceworld.md)
     turn_reminder: bool = True
     java_heap_mb: int = 512  # JVM -Xmx (skipped when the user sets JAVA_TOOL_OPTIONS); 0 = JVM default
-    env_step_limit: int = 100  # ScienceWorld's own move limit (envStepLimit)
     call_timeout_s: float = 300.0  # a JVM call taking longer counts as a crash (restart); 0 = no timeout
-    # JVMs per process for the rollout's environments: 0 = one per environment (~370 MB each); N = the environments
-    # spread over N shared JVMs (less memory; environments on one JVM take turns, each in its own world)
+    # JVMs per process for the rollout's environments: 0 = one per environment; N = the environments spread over N
+    # shared JVMs (less memory; environments on one JVM take turns, each in its own world; docs/scienceworld.md)
     jvms: int = 0
-    fixed_hash_order: bool = True  # the same object order in every run (JVM -XX:hashCode=2; envs/scienceworld/jvm.py)

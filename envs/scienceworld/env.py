@@ -11,14 +11,15 @@ table: docs/scienceworld.md.
 * Reward = change of ScienceWorld's score. The baseline is 0, not the initial score (find-*: 8), so the initial part
   is paid with the first reward and the rewards sum to the final score. A negative score (failure; ScienceWorld
   does not set its completion flag then) or a score >= 100 ends the episode. Score, completion and moves come from
-  the server object (~0.05 ms each), not from the package's ``step``, which builds many strings per call.
+  the server object (cheap getters), not from the package's ``step``, which builds many strings per call.
 * Limits: ``max_steps`` actions (``max_steps_per_task`` overrides; the reference's off-by-one allows one more) or
-  more than ``env_step_limit`` ScienceWorld moves end the episode with ``truncated``.
-* Action correction. Deviation, for speed: the reference fetches the valid-action list (20-200 ms) every step;
-  we first send the cleaned raw text (~1-10 ms) and fetch the list only when ScienceWorld answers "No known action
-  matches that input." / "Unknown action. ...", then send the most similar valid action (`prompts.best_match`).
-  So a parseable action not in the list is executed as ScienceWorld reads it, and an "Unknown action" answer has
-  already cost one move. With correction off, a not-understood action is a no-op step.
+  more than ``ENV_STEP_LIMIT`` (100) ScienceWorld moves end the episode with ``truncated``.
+* Action correction. Deviation, for speed (the valid-action list costs several plain steps; timings:
+  docs/scienceworld.md): the reference fetches the list every step; we first send the cleaned raw text and fetch
+  the list only when ScienceWorld answers "No known action matches that input." / "Unknown action. ...", then send
+  the most similar valid action (`prompts.best_match`). So a parseable action not in the list is executed as
+  ScienceWorld reads it, and an "Unknown action" answer has already cost one move. With correction off, a
+  not-understood action is a no-op step.
 * Ambiguity prompts ("Ambiguous request: ...", numbered options) are answered with the number of the most similar
   option (ties -> "0", as ScienceWorld's gold agent does), up to 3 nested, then a blank answer cancels.
 * ``window_prompt(k)``: the first message, then the last k (cleaned model action, observation) pairs.
@@ -52,6 +53,7 @@ SIMPLIFICATIONS = ("easy", "teleportAction", "selfWateringFlowerPots", "openCont
                    "noElectricalAction")  # ScienceWorld 1.2.3 (get_possible_simplifications() + "easy")
 
 _OPTION_RE = re.compile(r"^\s*(\d+):\s*(.*)$")
+ENV_STEP_LIMIT = 100  # ScienceWorld's own move limit (the package's envStepLimit default)
 
 
 class ScienceWorldEnv(Env):
@@ -61,11 +63,14 @@ class ScienceWorldEnv(Env):
     _split_lock = threading.Lock()
     _split_cache: dict[str, tuple[list[int], list[int], list[int], int]] = {}
 
-    def __init__(self, cfg: ScienceWorldConfig | None = None, host: JvmHost | None = None):
-        """host: a JVM shared with other environments (`shared_hosts`); None = a JVM of its own."""
+    def __init__(self, cfg: ScienceWorldConfig | None = None, host: JvmHost | None = None,
+                 env_step_limit: int = ENV_STEP_LIMIT):
+        """host: a JVM shared with other environments (`shared_hosts`); None = a JVM of its own. env_step_limit:
+        ScienceWorld moves after which an episode is truncated (the latency benchmark raises it)."""
         self.cfg = cfg or ScienceWorldConfig()
+        self.env_step_limit = env_step_limit
         self._lock = threading.RLock()
-        self._host = host or JvmHost(self.cfg.java_heap_mb, self.cfg.call_timeout_s, self.cfg.fixed_hash_order)
+        self._host = host or JvmHost(self.cfg.java_heap_mb, self.cfg.call_timeout_s)
         self._token = self._host.register()
         self._server_obj = None  # this environment's PythonInterface (its world) in the host's JVM
         self._generation = 0  # the host JVM it lives in
@@ -195,7 +200,7 @@ class ScienceWorldEnv(Env):
         return demos
 
     def gold_actions(self, task: Task) -> list[str]:
-        """ScienceWorld's gold action sequence for `task` (0.1-14 s). Ends the current episode, if any."""
+        """ScienceWorld's gold action sequence for `task` (slow: seconds for long tasks). Ends the current episode."""
         with self._lock, self._turn():
             self._done = True
             self._load(task.name, task.variation, gold=True)
@@ -321,7 +326,7 @@ class ScienceWorldEnv(Env):
             self._steps += 1
             done = completed or score >= 100 or score < 0
             truncated = False
-            if not done and (self._steps >= self.max_steps_for(self._task.name) or moves > self.cfg.env_step_limit):
+            if not done and (self._steps >= self.max_steps_for(self._task.name) or moves > self.env_step_limit):
                 done = truncated = True
             self._done = done
             info = self._info(action=self._executed, env_error="", truncated=truncated, raw_action=cleaned,
@@ -351,7 +356,7 @@ class ScienceWorldEnv(Env):
         return [str(a) for a in self._server.getValidActionObjectCombinations()]
 
     def valid_actions(self) -> list[str]:
-        """ScienceWorld's valid actions in the current state (costly: 20-200 ms)."""
+        """ScienceWorld's valid actions in the current state (costly: ScienceWorld builds every combination)."""
         with self._lock, self._turn():
             return self._valid_actions()
 
@@ -396,6 +401,6 @@ def shared_hosts(cfg: ScienceWorldConfig, size: int) -> list[JvmHost]:
     count = max(1, min(cfg.jvms, size))
     per_jvm = -(-size // count)
     heap = cfg.java_heap_mb * per_jvm if cfg.java_heap_mb > 0 else 0
-    hosts = [JvmHost(heap, cfg.call_timeout_s, cfg.fixed_hash_order) for _ in range(count)]
+    hosts = [JvmHost(heap, cfg.call_timeout_s) for _ in range(count)]
     return [hosts[i % count] for i in range(size)]
 

@@ -4,19 +4,19 @@ died", quiet logs, and `JvmHost`: one JVM serving one or several environments.
 `start_jvm` does what `scienceworld.ScienceWorldEnv.__init__` does (py4j `launch_gateway` on ScienceWorld's jar,
 then a `PythonInterface` server object), plus three things:
 
-* Memory: the java command line gets ``-Xmx{java_heap_mb}m`` (default 512 MB; ~370 MB RSS measured; 0 = the JVM
-  default, 0.6-1 GB RSS). Deviation from "set JAVA_TOOL_OPTIONS": a flag on the command line changes no
-  process-wide environment variable, so JVMs can be started from parallel threads. When the user has set
-  JAVA_TOOL_OPTIONS we add nothing, so their settings apply.
+* Memory: the java command line gets ``-Xmx{java_heap_mb}m`` (default 512; 0 = the JVM default), which bounds a
+  JVM's resident memory (measured: docs/scienceworld.md, Robustness). Deviation from "set JAVA_TOOL_OPTIONS": a
+  flag on the command line changes no process-wide environment variable, so JVMs can be started from parallel
+  threads. When the user has set JAVA_TOOL_OPTIONS we add nothing, so their settings apply.
 * A py4j socket read timeout (``call_timeout_s``): a JVM call slower than that raises, i.e. counts as a crash.
-* A fixed order (``fixed_hash_order``, default on): ScienceWorld keeps a room's objects in hash sets keyed by Java
-  identity hash codes, which HotSpot draws from per-thread random streams; py4j serves calls on whichever of its
-  Java threads is free, so the order in which a room lists its objects (and the valid-action list, and so the
-  action-correction choice among ties) changed from run to run (measured: 1 of 6 identical scripted runs differed).
-  ``-XX:hashCode=2`` gives every object the same identity hash, so the sets keep insertion order: the same text on
-  every run, in any thread, in a shared JVM. Deviation: the listing order differs from a stock JVM's (which has no
-  fixed order); the objects, the dynamics and the scores are the same. Step times were unchanged (44-52 s vs 47-48 s
-  for 100 gold steps with valid-action lists on 4 tasks).
+* A fixed order (always on; ``start_jvm(..., fixed_hash_order=False)`` gives a stock JVM, for measurements only):
+  ScienceWorld keeps a room's objects in hash sets keyed by Java identity hash codes, which HotSpot draws from
+  per-thread random streams; py4j serves calls on whichever of its Java threads is free, so the order in which a
+  room lists its objects (and the valid-action list, and so the action-correction choice among ties) changed from
+  run to run. ``-XX:hashCode=2`` gives every object the same identity hash, so the sets keep insertion order: the
+  same text on every run, in any thread, in a shared JVM. Deviation: the listing order differs from a stock JVM's
+  (which has no fixed order); the objects, the dynamics and the scores are the same. How often runs differed and
+  the step times with and without it: docs/scienceworld.md, Robustness.
 
 The env talks to the server object directly, so the package's Python wrapper class is never built.
 
@@ -93,7 +93,8 @@ RANDOM_MULTIPLIER = 0x5DEECE66D  # java.util.Random: setSeed(s) stores s ^ this 
 
 
 def start_jvm(java_heap_mb: int, call_timeout_s: float, fixed_hash_order: bool = True) -> Jvm:
-    """Launch a ScienceWorld JVM and connect to it."""
+    """Launch a ScienceWorld JVM and connect to it. fixed_hash_order=False (a stock JVM) is only for measuring the
+    difference (results/determinism/jvm_hash_order.py); environments always run with the fixed order."""
     from py4j.java_gateway import CallbackServerParameters, GatewayParameters, JavaGateway, launch_gateway
     from scienceworld.constants import BASEPATH, JAR_PATH
 
@@ -155,8 +156,8 @@ class JvmHost:
     are swapped in. After a crash, `failed(generation)` kills the JVM once (other environments that then fail on
     the same dead JVM find it already replaced) and the next `server()` starts a fresh one."""
 
-    def __init__(self, java_heap_mb: int, call_timeout_s: float, fixed_hash_order: bool = True):
-        self.java_heap_mb, self.call_timeout_s, self.fixed_hash_order = java_heap_mb, call_timeout_s, fixed_hash_order
+    def __init__(self, java_heap_mb: int, call_timeout_s: float):
+        self.java_heap_mb, self.call_timeout_s = java_heap_mb, call_timeout_s
         self._lock = threading.RLock()
         self._jvm: Jvm | None = None
         self.generation = 0  # +1 per JVM started: tells a server of a dead JVM from a live one
@@ -190,7 +191,7 @@ class JvmHost:
         runs (the caller is then the one whose globals are in it)."""
         with self._lock:
             if self._jvm is None:
-                self._jvm = start_jvm(self.java_heap_mb, self.call_timeout_s, self.fixed_hash_order)
+                self._jvm = start_jvm(self.java_heap_mb, self.call_timeout_s)
                 self.generation += 1
                 self._owner, self._saved, self._ids, self._seed = token, {}, None, None
                 return self._jvm.server, self.generation  # the one start_jvm made

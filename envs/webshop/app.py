@@ -154,7 +154,7 @@ def create_app(config: WebShopConfig | None = None, world: World | None = None, 
                 return error_page(404, "No such goal", f"Goals are numbered 0 to {len(world.goals) - 1}.")
         else:
             goal = random.choice(goal_pool)
-        engine = WebShopEngine(world, config.search_from_any_page)
+        engine = WebShopEngine(world)
         engine.reset(goal)
         sid = secrets.token_hex(16)
         with store_lock:

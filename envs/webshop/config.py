@@ -20,7 +20,6 @@ class WebShopConfig:
     catalogue_seed: int = 0  # generator seed and the seed of the per-load price sampling
     num_products: int = 1000  # generated catalogue size; with real files: keep the first N (0 = all)
     goal_source: str = "synthetic"  # synthetic | human (needs items_human_ins.json)
-    goal_shuffle_seed: int = 233  # WebShop's fixed goal shuffle seed; keep it for comparability
     test_goals: int = 500  # test = goals [0, test_goals), train = the rest (verl-agent split)
     reward_mode: str = "score"  # score: 100 x task reward at purchase | success: 10 x (reward == 1)
     invalid_action_penalty: float = 0.1  # subtracted when the output is malformed (verl-agent 0.1)
@@ -30,12 +29,10 @@ class WebShopConfig:
     # inside <action></action> tags" with two examples and no <think> (use with require_think: false)
     prompt: str = "paper"
     max_steps: int = 15  # env steps per episode (verl-agent / EMPO²); then truncated, score 0
-    search_from_any_page: bool = True  # original WebShop executes search[...] on every page
     # Nouns for the type reward: auto = spaCy (as WebShop) when spaCy and an English model are
     # installed, else the dependency-free heuristic; spacy = require spaCy; heuristic = never spaCy.
     # Scores are comparable only under the same extractor (the world records the one used).
     noun_extractor: str = "auto"
-    max_prompt_chars: int = 13000  # longer history prompts fall back to the no-history template
 
     def validate(self) -> None:
         choices = {

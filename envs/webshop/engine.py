@@ -10,9 +10,10 @@ Maps to docs/webshop.md:
   §2.3  text observation: the page's visible text segments joined with " [SEP] ";
         `available_actions()` = {"has_search_bar", "clickables"}.
 
-Choices: `search[...]` is executed from every page (as the original text env does) unless
-`search_from_any_page=False`; the admissible-action list offers it only on the search page, like
-WebShop, and lists every clickable in page order (`click[search]` included, as verl-agent does).
+Choices: `search[...]` is executed from every page, as the original text env does (the constructor's
+`search_from_any_page=False` restricts it to the search page; tests only); the admissible-action list
+offers it only on the search page, like WebShop, and lists every clickable in page order
+(`click[search]` included, as verl-agent does).
 Item pages of out-of-range result pages (`next >` past the last hit) are empty, as in
 WebShop. The "done" page wording is ours (WebShop shows an MTurk summary); it states the score.
 The engine reward is the task reward in [0, 1]; env.py maps it to the training reward.

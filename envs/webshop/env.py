@@ -19,7 +19,7 @@ Maps to docs/webshop.md §7 (verl-agent / EMPO² setup; the EMPO² paper's WebSh
   * prompts (`prompt: paper`; `short` ends with a one-line action instruction and examples instead, for
     small CPU models): `window_prompt(k)` renders the paper's template with the last k (observation, action)
     pairs; with no history (step 0, or k = 0) it renders verl-agent's no-history variant (the same
-    text without the history sentences); longer than `max_prompt_chars` -> no-history variant.
+    text without the history sentences); longer than MAX_PROMPT_CHARS (13,000) -> no-history variant.
     `reset` returns the step-0 rendering; `step` returns the new observation + admissible actions
     as one message (for append-only use; no step counter, so equal states give equal text).
   * observation shown to the model: the [SEP] text with everything up to and including the
@@ -69,6 +69,7 @@ PROMPT_TAIL_SHORT = (
     "<action>search[red cotton t-shirt]</action> or <action>click[buy now]</action>."
 )
 
+MAX_PROMPT_CHARS = 13000  # a longer history prompt falls back to the no-history template
 _ACTION_TAG = re.compile(r"<action>(.*?)</action>", re.DOTALL | re.IGNORECASE)
 _THINK_TAG = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _BARE_ACTION = re.compile(r"(?:search|click)\[[^\[\]]+\]", re.IGNORECASE)
@@ -107,7 +108,7 @@ class WebShopEnv(Env):
         self.config = config or WebShopConfig()
         self.config.validate()
         self.world = world or load_world(self.config)
-        self.engine = WebShopEngine(self.world, self.config.search_from_any_page)
+        self.engine = WebShopEngine(self.world)
         self.task_name = "webshop-human" if self.config.goal_source == "human" else "webshop"
         self.task: Task | None = None
         self.history: list[tuple[str, str]] = []  # (observation shown, action taken) per step
@@ -152,7 +153,9 @@ class WebShopEnv(Env):
         self._last_info = self._info(parsed or "", well_formed, legal, truncated)
         return self._step_message(), reward, self.finished, self._last_info
 
-    def window_prompt(self, window: int) -> str:
+    def window_prompt(self, window: int, max_chars: int = MAX_PROMPT_CHARS) -> str:
+        """The one-turn prompt with the last `window` steps (-1 = all); a history prompt longer than `max_chars`
+        characters falls back to the no-history template."""
         observation = self.current_observation()
         k = len(self.history) if window < 0 else min(window, len(self.history))
         tail = (PROMPT_TAIL if self.config.prompt == "paper" else PROMPT_TAIL_SHORT).format(
@@ -171,7 +174,7 @@ class WebShopEnv(Env):
                 + PROMPT_HISTORY.format(step_count=len(self.history), history_length=k, history=history,
                                         current_step=len(self.history) + 1, observation=observation)
                 + tail)
-        return full if len(full) <= self.config.max_prompt_chars else short
+        return full if len(full) <= max_chars else short
 
     def max_score(self) -> float:
         """A perfect purchase's reward: 100 (reward_mode score) or 10 (success), penalties aside."""

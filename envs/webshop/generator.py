@@ -37,7 +37,7 @@ PRODUCT_TYPES_FILE = Path(__file__).with_name("product_types.yaml")
 _TOP_KEYS = ("category_roots", "palettes", "product_types")
 _TYPE_KEYS = ("query", "category", "breadcrumb", "price", "nouns", "pre", "with", "for", "options")
 _OPTION_KEYS = ("name", "palette", "min", "max")
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when available: ~6x faster
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when available: faster (docs/webshop.md §6.4)
 
 
 class ProductTypeError(ValueError):

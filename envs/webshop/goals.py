@@ -15,8 +15,8 @@ Maps to docs/webshop.md §4 (WebShop's `engine/goal.py`: get_synthetic_goals, ge
     pick 2 at random, use the larger: ", and price lower than X.00 dollars"; with fewer than 2
     values no clause and price_upper = 1e6.
   * synthetic weight = mean over the goal attributes of 1 / (number of goals using that attribute).
-  * order: shuffled with random.seed(233) (`random.Random(233).shuffle` draws the same
-    permutation); goal i = goals[i]; test = goals[:500], train = goals[500:].
+  * order: shuffled with random.seed(233) (WEBSHOP_GOAL_SHUFFLE_SEED; `random.Random(233).shuffle`
+    draws the same permutation); goal i = goals[i]; test = goals[:500], train = goals[500:].
 
 Deviation: the price-clause draws use a dedicated `random.Random(seed)` (the original used the
 unseeded global RNG, so its clauses differ per run; goal order and count do not depend on them).
@@ -28,6 +28,7 @@ import random
 from collections import Counter
 
 PRICE_STEPS = list(range(10, 1000, 10))
+WEBSHOP_GOAL_SHUFFLE_SEED = 233  # the original WebShop's random.seed(233) before it shuffles its goals
 NO_PRICE_LIMIT = 1e6
 
 
@@ -57,7 +58,7 @@ def _add_weights(goals: list[dict]) -> None:
         goal["weight"] = sum(1.0 / counts[a] for a in attrs) / len(attrs) if attrs else 0.0
 
 
-def build_synthetic_goals(products: list[dict], attributes: dict, seed: int = 233,
+def build_synthetic_goals(products: list[dict], attributes: dict, seed: int = WEBSHOP_GOAL_SHUFFLE_SEED,
                           price_seed: int = 233) -> list[dict]:
     """All synthetic goals of the catalogue, shuffled with `seed` (WebShop: 233)."""
     rng = random.Random(price_seed)
@@ -86,7 +87,8 @@ def build_synthetic_goals(products: list[dict], attributes: dict, seed: int = 23
     return goals
 
 
-def build_human_goals(products: list[dict], human: dict, seed: int = 233, price_seed: int = 233) -> list[dict]:
+def build_human_goals(products: list[dict], human: dict, seed: int = WEBSHOP_GOAL_SHUFFLE_SEED,
+                      price_seed: int = 233) -> list[dict]:
     """Goals from items_human_ins.json (asin -> list of labelled instructions), shuffled with `seed`.
 
     Products are visited in catalogue order (WebShop iterates its product list), so the goal order

@@ -172,8 +172,8 @@ def _spacy_model():
                            "'heuristic' needs nothing") from err
     for name in SPACY_MODELS:
         try:
-            # the whole pipeline, as WebShop loads it: disabling the parser changed a (non-noun)
-            # tag in 1 of 815 real texts we checked, so we keep it for exactness (~3.6 ms a title)
+            # the whole pipeline, as WebShop loads it: disabling the parser changes some tags, so we keep it
+            # for exactness at its cost per title (docs/webshop.md §5)
             return spacy.load(name)
         except OSError:
             continue

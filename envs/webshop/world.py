@@ -40,8 +40,7 @@ _LOCK = threading.Lock()
 
 def world_key(cfg: WebShopConfig) -> tuple:
     data_dir = str(Path(cfg.data_dir).expanduser().resolve()) if cfg.data_dir else ""
-    return (data_dir, cfg.catalogue_seed, cfg.num_products, cfg.goal_source, cfg.goal_shuffle_seed,
-            cfg.noun_extractor)
+    return data_dir, cfg.catalogue_seed, cfg.num_products, cfg.goal_source, cfg.noun_extractor
 
 
 def load_world(cfg: WebShopConfig) -> World:
@@ -88,11 +87,12 @@ def build_world(cfg: WebShopConfig) -> World:
         if path is None or not path.is_file():
             raise FileNotFoundError(f"goal_source='human' needs {catalogue.HUMAN_GOAL_FILE} in env.webshop.data_dir")
         human = catalogue.load_human_instructions(path)
-    return world_from_products(products, attributes, human, cfg.goal_shuffle_seed, source, cfg.noun_extractor)
+    return world_from_products(products, attributes, human, source=source, noun_extractor=cfg.noun_extractor)
 
 
 def world_from_products(products: list[dict], attributes: dict, human: dict | None = None,
-                        shuffle_seed: int = 233, source: str = "custom", noun_extractor: str = "auto") -> World:
+                        shuffle_seed: int = goal_builder.WEBSHOP_GOAL_SHUFFLE_SEED, source: str = "custom",
+                        noun_extractor: str = "auto") -> World:
     """A world from processed products (catalogue.process_products); human goals if `human` is given."""
     if human is not None:
         goals = goal_builder.build_human_goals(products, human, shuffle_seed)

@@ -1,7 +1,8 @@
 """Does ScienceWorld print the same text on every run? 3 JVMs at once in threads (as a rollout runs them), each
 replaying up to 25 gold actions of 4 tasks with the valid-action list after every step; twice per setting. With a
-stock JVM (`fixed_hash_order: false`) the listing order of a room's objects depends on which py4j thread served a
-call; with `-XX:hashCode=2` (the default) every run is identical. Usage, from the repository root:
+stock JVM (`start_jvm(..., fixed_hash_order=False)`) the listing order of a room's objects depends on which py4j
+thread served a call; with `-XX:hashCode=2` (what the environments always use) every run is identical. Usage, from
+the repository root:
 
     python results/determinism/jvm_hash_order.py        # ~5 min on 2 cores
 """

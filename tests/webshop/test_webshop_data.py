@@ -103,6 +103,7 @@ def test_synthetic_goals_recipe():
 
 
 def test_shuffle_is_python_random_seed_233():
+    assert goals.WEBSHOP_GOAL_SHUFFLE_SEED == 233  # fixed (no config key): goal i is WebShop's goal i
     items = list(range(50))
     random.seed(233)
     random.shuffle(items)

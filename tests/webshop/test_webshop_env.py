@@ -6,7 +6,7 @@ import pytest
 from envs.base import STEP_INFO_KEYS, Env, Task
 from envs.webshop import WebShopConfig, WebShopEnv
 from envs.webshop.agents import scripted_episode
-from envs.webshop.env import format_observation, parse_model_output
+from envs.webshop.env import MAX_PROMPT_CHARS, format_observation, parse_model_output
 
 
 def act(action: str) -> str:
@@ -133,10 +133,9 @@ def test_window_prompt_history(env):
     assert f"Your task is to: {goal['instruction_text']}." in prompt
     assert "Observation 1:" in env.window_prompt(-1)  # full history
     assert "Prior to this step" not in env.window_prompt(0)
-    small = WebShopEnv(WebShopConfig(max_prompt_chars=500))
-    small.reset(Task("webshop", 4))
-    small.step(act("search[first query]"))
-    assert "Prior to this step" not in small.window_prompt(2)  # too long -> no-history template
+    assert MAX_PROMPT_CHARS == 13000 and len(prompt) < MAX_PROMPT_CHARS
+    assert env.window_prompt(2, max_chars=len(prompt)) == prompt
+    assert "Prior to this step" not in env.window_prompt(2, max_chars=len(prompt) - 1)  # too long -> no history
 
 
 def test_format_observation_drops_instruction():
