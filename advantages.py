@@ -3,10 +3,10 @@
 Paper map (arXiv 2602.23008; the equations are written out in docs/algorithm.md):
 
 * `grpo_advantages`     - §2 / Eq. 1: A_i = (R_i - mean_j R_j) / (std_j R_j + eps) within one group (the N episodes
-                          of one task row), std unbiased as in the reference. R_i is the score (with
-                          intrinsic.combine=return also + coef * B_i).
+                          of one task row), std unbiased as in the reference; R_i is the score.
 * `novelty_advantages`  - §4.2's novelty bonus, which really reaches the advantage (the reference release computes it
-                          and then ignores it), as a tie-breaker: B_i = sum_t 1/n_t (rollout.py, memory.py),
+                          and then ignores it), as a tie-breaker: B_i = sum_t 1/n_t = sum(Episode.intrinsic), paid
+                          by rollout.pay_novelty from memory.py's visit counts,
                           centred among the episodes tied on i's score and bounded so that it orders them by
                           exploration but never reorders scores or flips a score advantage's sign
                           (docs/algorithm.md §6).
@@ -20,16 +20,14 @@ Paper map (arXiv 2602.23008; the equations are written out in docs/algorithm.md)
                           discounted return G_it - p_it. The invalid-action penalty p_it hits its own row only.
 
 Every function works in float64 and returns Python floats or tensors; a group of one has no baseline (advantage 0),
-a group whose returns are all equal has no signal (0, never NaN). The trainer calls them once per iteration
-(train.py); the objective that consumes them is losses.py.
+a group whose returns are all equal has no signal (0, never NaN); eps = 1e-6 as the reference. The trainer calls
+them once per iteration (train.py); the objective that consumes them is losses.py.
 """
 from __future__ import annotations
 
 import math
 
 import torch
-
-from config import IntrinsicConfig
 
 
 def pool_normalise(values: torch.Tensor, pool: torch.Tensor, eps: float = 1e-6, divide_std: bool = True
@@ -93,8 +91,7 @@ def anchor_state_advantages(states: list[list[str]], step_returns: list[list[flo
 
 def gigpo_step_advantages(step_rewards: list[list[float]], penalties: list[list[float]], anchors: list[list[str]],
                           group_ids: list, *, gamma: float, weight: float, divide_std: bool,
-                          episode_stats: str = "step", eps: float = 1e-6,
-                          episode_bonus: list[float] | None = None) -> tuple[list[list[float]], int]:
+                          episode_stats: str = "step", eps: float = 1e-6) -> tuple[list[list[float]], int]:
     """GiGPO's advantage of every step sample (one sample per step), computed as verl-agent computes it.
 
     Inputs: one list per episode i, one entry per step t in it (all of an episode's lists have equal length).
@@ -102,16 +99,15 @@ def gigpo_step_advantages(step_rewards: list[list[float]], penalties: list[list[
       penalties[i][t]     the invalid-action penalty charged to action t (0.0 for a well-formed output)
       anchors[i][t]       the anchor state before action t: the observation without task text (Env.anchor_state())
       group_ids[i]        the GRPO group (task row) of episode i; episodes and anchors are compared only within one
-      episode_bonus[i]    optional, added to episode i's episode-level score only (EMPO²'s novelty term); None: 0
 
     Each step row (i, t) gets two scores; its penalty enters that row only (verl-agent's
     apply_invalid_action_penalty), never R_i or an earlier step's return:
-      episode score  E_it = R_i + bonus_i - p_it      R_i = sum_t r_it
+      episode score  E_it = R_i - p_it                R_i = sum_t r_it
       step score     S_it = G_it - p_it               G_it = sum_{k >= t} gamma^(k - t) r_ik
     Episode level (GiGPO Eq. 3): E_it is normalised with the mean/std of its group's pool:
       episode_stats="step"    - the pool is E of every step row of the group, so a longer episode weighs more
                                 (verl-agent's default, episode_norm_reward(compute_mean_std_cross_steps=True));
-      episode_stats="episode" - one score per episode, that of its first row E_i0 (= R_i + bonus_i unless step 0
+      episode_stats="episode" - one score per episode, that of its first row E_i0 (= R_i unless step 0
                                 was penalised; verl-agent's compute_mean_std_cross_steps=False, rows in step order).
     Step level (Eq. 6-7): the rows of one group with equal anchors form an anchor group; S is normalised in it.
     A_it = episode level + weight x step level (Eq. 8). divide_std=False only centres both levels (verl-agent's
@@ -124,9 +120,8 @@ def gigpo_step_advantages(step_rewards: list[list[float]], penalties: list[list[
     if episode_stats not in ("step", "episode"):
         raise ValueError(f"episode_stats must be 'step' or 'episode', not {episode_stats!r}")
     n = len(step_rewards)
-    bonus = [0.0] * n if episode_bonus is None else list(episode_bonus)
-    if not len(penalties) == len(anchors) == len(group_ids) == len(bonus) == n:
-        raise ValueError("step_rewards, penalties, anchors, group_ids (and episode_bonus) need one entry per episode")
+    if not len(penalties) == len(anchors) == len(group_ids) == n:
+        raise ValueError("step_rewards, penalties, anchors and group_ids need one entry per episode")
     for i in range(n):
         if not len(step_rewards[i]) == len(penalties[i]) == len(anchors[i]):
             raise ValueError(f"episode {i}: step_rewards, penalties and anchors differ in length")
@@ -134,7 +129,7 @@ def gigpo_step_advantages(step_rewards: list[list[float]], penalties: list[list[
     # Row scores (float64 tensors, one per episode).
     rewards = [torch.tensor(r, dtype=torch.float64) for r in step_rewards]
     pens = [torch.tensor(p, dtype=torch.float64) for p in penalties]
-    episode_scores = [r.sum() + b - p for r, b, p in zip(rewards, bonus, pens)]  # [T_i]
+    episode_scores = [r.sum() - p for r, p in zip(rewards, pens)]  # [T_i]
     step_scores = [torch.tensor(discounted_returns(r, gamma), dtype=torch.float64) - p
                    for r, p in zip(step_rewards, pens)]  # [T_i]
 
@@ -162,8 +157,8 @@ def gigpo_step_advantages(step_rewards: list[list[float]], penalties: list[list[
 
 def novelty_advantages(advantages: list, bonuses: list[float], scores: list[float], group_ids: list, coef: float,
                        eps: float = 1e-6, divide_std: bool = True) -> list:
-    """Add EMPO²'s novelty term (intrinsic.combine = "advantage", the default) as a tie-breaker that never overturns
-    the score: A_i += coef * h_c * tanh(B_i - mean of B over c), with 0 <= coef < 1.
+    """Add EMPO²'s novelty term as a tie-breaker that never overturns the score: A_i += coef * h_c * tanh(B_i - mean
+    of B over c), with 0 <= coef < 1 (intrinsic.coef).
 
     advantages[i]: episode i's score advantage, or one per step (GiGPO: the same term is added to each); bonuses[i]:
     its novelty B_i = sum_t 1/n_t in new states; scores[i]: the score its group advantage was computed from. c is
@@ -201,26 +196,3 @@ def novelty_advantages(advantages: list, bonuses: list[float], scores: list[floa
                 extra = coef * h * math.tanh(bonuses[i] - mean)
                 out[i] = [v + extra for v in out[i]] if isinstance(out[i], list) else out[i] + extra
     return out
-
-
-# ----------------------------------------------------------------------------- an episode's score and novelty
-
-
-def novelty_bonus(ep, intrinsic: IntrinsicConfig) -> float:
-    """B_i: the sum (or, intrinsic.aggregate=mean, the mean) over the episode's steps of the bonuses 1/n_t."""
-    if not ep.intrinsic:
-        return 0.0
-    total = float(sum(ep.intrinsic))
-    return total / len(ep.intrinsic) if intrinsic.aggregate == "mean" else total
-
-
-def intrinsic_return(ep, intrinsic: IntrinsicConfig) -> float:
-    """What the novelty bonus is worth: coef * B_i (added to the return or, centred, to the advantage)."""
-    return intrinsic.coef * novelty_bonus(ep, intrinsic) if intrinsic.coef else 0.0
-
-
-def advantage_return(ep, intrinsic: IntrinsicConfig) -> float:
-    """R_i the group normalises: the extrinsic return, + coef * B_i with intrinsic.combine=return (paper §4.2's
-    reading "reward + bonus"); with combine=advantage the bonus enters after normalisation
-    (novelty_advantages)."""
-    return ep.extrinsic_return + (intrinsic_return(ep, intrinsic) if intrinsic.combine == "return" else 0.0)

@@ -37,6 +37,27 @@ class ConfigError(ValueError):
 
 # The three ways an EMPO² iteration plays and learns (paper §4.2), spelled the same in configs, metrics and code.
 MODES = ("no_memory", "on_policy_tips", "off_policy")
+TIP_TEMPERATURE = 1.0  # every tip is sampled at this temperature (the reference's; rollout.write_tips)
+
+# Keys this code no longer reads: settled ablations and test-only paths (docs/LOG.md, "Config keys removed"). Each
+# is refused by name, in a file, on the command line and on resume, with the value the code now always uses.
+REMOVED = {
+    "rollout.kv_cache": "the batch KV cache is always the static one (engine/kvcache.py)",
+    "rollout.tip_placement": "tips are always in the current turn only, the paper's pi(a | s_t, u, tips_t)",
+    "rollout.tip_temperature": "tips are sampled at temperature 1.0, as the reference does",
+    "intrinsic.combine": "the novelty bonus always enters as the advantage tie-breaker (advantages.py)",
+    "intrinsic.aggregate": "the novelty bonus B_i is always the sum over steps",
+    "loss.old_logp_source": "old log-probs are always those recorded while sampling, where the context was played",
+    "loss.aggregation": "each step always weighs 1 (the reference's aggregation)",
+    "loss.advantage_eps": "A = (R - mean) / (std + 1e-6), as the reference",
+    "train.branch_packing": "branch packing is on wherever the attention supports it (engine/branches.py)",
+    "env.scienceworld.fixed_hash_order": "the JVM always runs with -XX:hashCode=2 (envs/scienceworld/jvm.py)",
+    "env.scienceworld.env_step_limit": "ScienceWorld's own move limit is its default 100; episodes end at "
+                                       "env.scienceworld.max_steps",
+    "env.webshop.goal_shuffle_seed": "goals are shuffled with WebShop's own seed 233 (envs/webshop/goals.py)",
+    "env.webshop.search_from_any_page": "search[...] runs on every page, as in the original WebShop",
+    "env.webshop.max_prompt_chars": "a history prompt over 13,000 characters falls back to the no-history template",
+}
 
 
 @dataclass
@@ -60,8 +81,8 @@ class ModelConfig:
     init_adapter: str = ""
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% slower
     # bfloat16/float16 only: the LM head computes in fp32 (weight and input), so sampling, the recorded behaviour
-    # log-probs and the loss read logits the head did not round. Costs vocab x hidden x 2 bytes (7B: +1.1 GB; a tied
-    # head, e.g. Qwen2.5-0.5B under LoRA, gets an fp32 copy: x 4, +0.54 GB); FSDP: its own fp32 policy.
+    # log-probs and the loss read logits the head did not round. Costs vocab x hidden x 2 bytes (a tied head gets
+    # an fp32 copy: x 4; docs/scaling.md); FSDP: its own fp32 policy.
     fp32_lm_head: bool = True
     # CUDA only: fp32 matmuls run as TF32 on tensor cores (inputs rounded to a 10-bit mantissa, fp32 accumulation;
     # ~8x the fp32 rate on A100/H100). Affects float32 runs (LoRA) and fp32 master-weight math; false = exact fp32.
@@ -85,7 +106,6 @@ class RolloutConfig:
     max_action_tokens: int = 32  # new tokens per action (an action cut here is closed with eos)
     max_prompt_tokens: int = 4500  # an episode whose context would exceed this is truncated ("context")
     tip_max_tokens: int = 512  # new tokens for a tip (the first line is kept)
-    tip_temperature: float = 1.0  # sampling temperature of tip writing
     # "policy" = the paper: the policy writes its own tip. "environment" = an ABLATION, not the paper: the tip is
     # what the episode's feedback revealed (Env.oracle_tip; the sanity environment only), which separates the
     # hybrid update from the quality of the tips a small model writes (docs/sanity.md, "EMPO² vs GRPO").
@@ -98,16 +118,6 @@ class RolloutConfig:
     # Keep each episode's KV cache between turns and feed only the new tokens (engine/generation.py); the group's shared
     # first message is encoded once and the tip reuses the episode's cache. false = re-encode every turn.
     kv_reuse: bool = True
-    # The batch KV cache of a generate call (engine/kvcache.py): "static" = pre-sized once per call, each decode step writes
-    # its position in place; "dynamic" = transformers' DynamicCache, which concatenates (copies) every layer's
-    # keys/values at every token. The same tokens either way (tests/test_generation.py).
-    kv_cache: str = "static"
-    # Where retrieved tips appear in memory modes (full history only). "current_turn" = the paper's
-    # pi(a | s_t, u, tips_t): the current turn carries its tips, earlier turns are shown without theirs; each step is
-    # then its own training sample (its context differs from the next step's). "history" = every turn keeps its
-    # block: one packed sample per episode, but 10 tips add ~850 tokens of context PER TURN (30 ScienceWorld steps
-    # need ~30k tokens; docs/performance.md "Context budget").
-    tip_placement: str = "current_turn"
     # How a retrieved tip reads in the prompt: "reference" = the reference's line (the tip; the action taken; the
     # score, ~65 tokens), "tip_only" = the tip sentence alone (~25 tokens; not the paper's: fewer tokens to train on
     # in on-policy-with-tips iterations, but the model no longer sees which action and score the tip came from).
@@ -144,16 +154,10 @@ class MemoryConfig:
 @dataclass
 class IntrinsicConfig:
     # The novelty bonus B_i = sum_t 1/n_t (n_t: visits of the state step t reached; a new state pays 1) and its
-    # weight (docs/algorithm.md "Novelty bonus"; paper ablation x0.5 / x2 = this coef x0.5 / x2; 0 = off).
-    # combine "advantage": A_i += coef * h * tanh(B_i - mean of B among the group's episodes with i's score), h
-    # bounded by i's score advantage and half its gap to the next one, 0 <= coef < 1: among tied scores more new
-    # states win; a higher score always keeps a higher advantage and no score advantage changes sign.
-    # combine "return": R_i = score + coef * B_i, normalised together (the bonus then decides every tie at full size).
+    # weight (docs/algorithm.md "Novelty bonus"; paper ablation x0.5 / x2 = this coef x0.5 / x2; 0 = off), in [0, 1):
+    # A_i += coef * h * tanh(B_i - mean of B among the group's episodes with i's score), a tie-breaker that never
+    # reorders scores (advantages.novelty_advantages).
     coef: float = 0.1
-    combine: str = "advantage"  # advantage | return
-    # "sum" over steps (more new states => more bonus) or "mean" (novelty density: favours short failures in rare
-    # states over episodes that explored more).
-    aggregate: str = "sum"
     memory_modes_only: bool = False  # True = reference behaviour (bonus only in memory rollouts)
 
 
@@ -165,19 +169,10 @@ class LossConfig:
     # Off-policy old log-prob context: "with_tips" (paper Table 3, reference release) or
     # "without_tips" (paper Algorithm 1 line 27).
     off_policy_old_logp: str = "with_tips"
-    # Where the old log-probs come from: "rollout" = recorded while sampling (log softmax of the logits the token was
-    # drawn from, the same pi the loss scores), a forward only for contexts never sampled in ("without_tips");
-    # "recompute" = one no-grad forward over every sample after the rollout (the peers' way).
-    old_logp_source: str = "rollout"
     # Low-probability mask: "token" (paper Eq. 2), "sequence" (reference variant), "none".
     lowprob_mask: str = "token"
     lowprob_logp_threshold: float = -5.0  # log delta of the low-probability mask (paper Eq. 2)
     lowprob_mask_modes: list[str] = field(default_factory=lambda: ["off_policy"])  # modes the mask applies to
-    advantage_eps: float = 1e-6  # A = (R - mean) / (std + eps)
-    # Token weights of the objective (losses.loss_weights; docs/algorithm.md): "step" = the reference's: each step's
-    # action tokens averaged, steps averaged over the global mini-batch, whatever the packing; "episode" = every
-    # episode weighs 1 whatever its length; "token" = every action token weighs 1.
-    aggregation: str = "step"
     # "grpo" (the paper): one advantage per episode. "gigpo": + GiGPO's step-level credit (per-step samples only:
     # rollout.history_window >= 0): steps of a group from the same observation, compared by discounted return.
     advantage: str = "grpo"
@@ -189,7 +184,7 @@ class LossConfig:
     gigpo_episode_stats: str = "step"
     # + kl_coef x KL(pi || pi_ref) per action token, weighted as the surrogate (verl-agent: 0.01, low_var_kl; the
     # paper's ScienceWorld recipe: 0). pi_ref = the initial policy: LoRA: the base model (adapters disabled, no
-    # copy); model.lora=false: a frozen copy loaded in model.dtype (infra.models.load_reference; 7B bf16: +15.2 GB, /N FSDP).
+    # copy); model.lora=false: a frozen copy loaded in model.dtype (infra.models.load_reference; its size: docs/scaling.md).
     kl_coef: float = 0.0
     kl_estimator: str = "low_var_kl"  # low_var_kl (k3) | k1 | k2 (losses.reference_kl)
 
@@ -207,9 +202,6 @@ class TrainConfig:
     # ppo_mini_batch_size x rollout.n).
     minibatch_steps: int = 128
     micro_batch_size: int = 1  # sequences per forward/backward
-    # Score a current-turn on-policy episode's per-step contexts as branches of ONE sequence (samples.branched_sample;
-    # same loss and gradient, a fraction of the tokens); needs sdpa or eager attention. false: one sample per step.
-    branch_packing: bool = True
     eval_every: int = 20  # 0 = never
     eval_tasks: int = 0  # 0 = all test tasks; n = the first n
     eval_episodes_per_task: int = 1  # validation episodes per test task (more = a less noisy curve)
@@ -243,29 +235,23 @@ class Config:
             raise ConfigError(f"memory.p_* must be >= 0 and sum to 1, got {probs}")
         choices = {
             "loss.off_policy_old_logp": (self.loss.off_policy_old_logp, {"with_tips", "without_tips"}),
-            "loss.old_logp_source": (self.loss.old_logp_source, {"rollout", "recompute"}),
             "loss.lowprob_mask": (self.loss.lowprob_mask, {"token", "sequence", "none"}),
             "memory.similarity": (self.memory.similarity, {"none", "jaccard", "embedding"}),
             "memory.key": (self.memory.key, {"task", "family"}),
-            "intrinsic.aggregate": (self.intrinsic.aggregate, {"mean", "sum"}),
-            "intrinsic.combine": (self.intrinsic.combine, {"advantage", "return"}),
             "env.name": (self.env.name, {"scienceworld", "webshop", "sanity"}),
             "model.dtype": (self.model.dtype, {"float32", "bfloat16", "float16"}),
-            "rollout.tip_placement": (self.rollout.tip_placement, {"current_turn", "history"}),
             "rollout.tip_source": (self.rollout.tip_source, {"policy", "environment"}),
             "rollout.tip_format": (self.rollout.tip_format, {"reference", "tip_only"}),
-            "rollout.kv_cache": (self.rollout.kv_cache, {"dynamic", "static"}),
             "loss.advantage": (self.loss.advantage, {"grpo", "gigpo"}),
-            "loss.aggregation": (self.loss.aggregation, {"step", "episode", "token"}),
             "loss.gigpo_episode_stats": (self.loss.gigpo_episode_stats, {"step", "episode"}),
             "loss.kl_estimator": (self.loss.kl_estimator, {"low_var_kl", "k1", "k2"}),
         }
         for key, (value, allowed) in choices.items():
             if value not in allowed:
                 raise ConfigError(f"{key}={value!r} is not one of {sorted(allowed)}")
-        if self.intrinsic.combine == "advantage" and not 0 <= self.intrinsic.coef < 1:  # a tie-breaker only
-            raise ConfigError(f"intrinsic.coef must be in [0, 1) with intrinsic.combine=advantage (at 1 the novelty "
-                              f"term could reach the gap between two scores), got {self.intrinsic.coef}")
+        if not 0 <= self.intrinsic.coef < 1:  # a tie-breaker only
+            raise ConfigError(f"intrinsic.coef must be in [0, 1) (at 1 the novelty term could reach the gap between "
+                              f"two scores), got {self.intrinsic.coef}")
         if self.loss.kl_coef < 0:  # a negative coefficient would reward moving away from the reference
             raise ConfigError(f"loss.kl_coef must be >= 0 (0 = no KL term), got {self.loss.kl_coef}")
         if self.model.init_adapter and not self.model.lora:
@@ -357,6 +343,8 @@ def _apply(obj, values: dict, prefix: str = "") -> None:
     names = {f.name for f in dataclasses.fields(obj)}
     for name, value in values.items():
         key = f"{prefix}{name}"
+        if key in REMOVED:
+            raise ConfigError(f"config key {key!r} was removed: {REMOVED[key]} (docs/LOG.md)")
         if name not in names:
             raise ConfigError(f"unknown config key {key!r}; valid keys here: {sorted(names)}")
         current = getattr(obj, name)

@@ -16,14 +16,12 @@ Paper map (arXiv 2602.23008; the equations are written out in docs/algorithm.md)
 
 Contexts per mode: samples.py; docs/algorithm.md (paper Table 3).
 
-Aggregation (`loss.aggregation`, `loss_weights`): every action token carries a weight w and a mini-batch's loss is
+Loss weights (samples.loss_weights): every action token carries a weight w and a mini-batch's loss is
 sum(w * keep * l) / N over the whole mini-batch on all ranks, N the units `train.minibatch_steps` steps hold
-(samples.minibatch_normaliser). The default "step" is the reference's: w = 1 / len(its action), so each step's
-tokens are averaged and every step weighs 1 / minibatch_steps (seq-mean-token-mean over step samples, verl with
-one step per sample). A packed full-history episode is one
-sequence for speed, yet each of its steps weighs exactly what its own step sample would (docs/decisions.md, "Loss weights").
-The low-probability indicator of Eq. 2 multiplies the term; the 1/len normaliser stays. "episode" (each episode
-weighs 1) and "token" (each token weighs 1) are ablations.
+(samples.minibatch_normaliser). w = 1 / len(its action), the reference's: each step's tokens are averaged and every
+step weighs 1 / minibatch_steps (verl's seq-mean-token-mean with one step per sample), so a packed full-history
+episode, one sequence for speed, weighs each step exactly as its own step sample would (docs/decisions.md, "Loss
+weights"). The low-probability indicator of Eq. 2 multiplies the term; the 1/len normaliser stays.
 """
 from __future__ import annotations
 
@@ -33,40 +31,6 @@ import torch
 import torch.nn.functional as F
 
 from engine.branches import branch_inputs
-
-
-AGGREGATIONS = ("step", "episode", "token")
-
-
-def action_runs(mask: list[int]) -> list[int]:
-    """The lengths of the runs of consecutive 1s in an action mask: one run per action (step) of a sequence."""
-    runs, length = [], 0
-    for m in list(mask) + [0]:
-        if m:
-            length += 1
-        elif length:
-            runs.append(length)
-            length = 0
-    return runs
-
-
-def loss_weights(mask: list[int], aggregation: str, episode_tokens: int = 0) -> list[float]:
-    """One loss weight per action token of a sequence (in order); a mini-batch's loss is sum(w * l) / N.
-
-    "step" (the reference): 1 / len(its action), so every step weighs 1 whatever its length and however it is
-        packed: a packed episode contributes exactly what its per-step samples would (seq-mean-token-mean over
-        step samples, verl's loss with one step per sample);
-    "episode": 1 / episode_tokens (the action tokens of the whole episode, over all its samples): every episode
-        weighs 1 whatever its number of steps (this project's weighting before step weights);
-    "token": 1, every action token weighs the same (verl's token-mean over a mini-batch)."""
-    runs = action_runs(mask)
-    if aggregation == "step":
-        return [1.0 / n for n in runs for _ in range(n)]
-    if aggregation == "episode":
-        return [1.0 / max(episode_tokens, 1)] * sum(runs)
-    if aggregation == "token":
-        return [1.0] * sum(runs)
-    raise ValueError(f"unknown loss aggregation {aggregation!r}; expected one of {AGGREGATIONS}")
 
 
 def action_logprobs(logits: torch.Tensor, targets: torch.Tensor, entropy_chunk: int = 256
@@ -269,7 +233,7 @@ def compute_old_logprobs(model, samples, pad_id: int, device, micro_batch_size: 
     model.eval()
     # One forward unit per old context: (sample index, part index, ids, mask); most samples have one part.
     units = [(i, k, ids, mask) for i, s in enumerate(samples) if not s.old_logp
-             for k, (ids, mask) in enumerate(s.old_sequences())]
+             for k, (ids, mask) in enumerate((c.ids, c.mask) for c in s.old)]
     if not units:
         return 0, 0
     lengths = [len(u[2]) for u in units]

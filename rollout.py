@@ -1,4 +1,4 @@
-"""Batched multi-turn rollouts with HF `generate`, tip writing, and training samples (paper §4, Alg. 1 L5-21).
+"""Batched multi-turn rollouts with HF `generate` and tip writing (paper §4, Algorithm 1 L5-21).
 
 One iteration's rollout (docs/algorithm.md):
 * the mode is drawn ONCE per iteration (`draw_mode`): no_memory 0.75, on_policy_tips 0.08, off_policy 0.17;
@@ -7,12 +7,12 @@ One iteration's rollout (docs/algorithm.md):
   keeps its KV cache between turns and a step feeds only its new tokens (engine/generation.py); with `seeds` every episode
   samples from its own streams (`Episode.seed`), so its actions do not depend on the rest of the batch;
 * in memory modes the tips retrieved for the current observation are appended to that step's user message as a
-  `<tip>` block. `rollout.tip_placement: current_turn` (default) is the paper's pi(a | s_t, u, tips_t): only the
-  current turn carries tips (on-policy-with-tips episodes are scored per step, off-policy ones stay one tip-free
-  sample); `history` keeps every block where it was retrieved (~850 tokens more per turn: docs/scaling.md);
+  `<tip>` block of the current turn only, the paper's pi(a | s_t, u, tips_t) (`Episode`'s "current_turn" layout;
+  samples.py says which context each mode learns in);
 * a task whose first message leaves no room for its episode stops the run (`check_prompt_budget`, `check_first_turn`);
 * after every training episode the policy writes a one-sentence tip (`write_tips`); tips are never trained on.
-  `rollout.tip_source: environment` is an ablation, not the paper: the environment's own tip (`Env.oracle_tip`).
+  `rollout.tip_source: environment` is an ablation, not the paper: the environment's own tip (`Env.oracle_tip`);
+* with `intrinsic.coef` > 0 each step earns the novelty bonus 1/n of the state it reached (`pay_novelty`).
 
 Token streams (docs/decisions.md). An episode is recorded token-in/token-out: `Episode.ids` are exactly the ids the
 model was given and generated; nothing is re-tokenised before the update. Conversations are append-only, so with
@@ -34,7 +34,7 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from config import MODES, ConfigError, IntrinsicConfig, MemoryConfig, RolloutConfig
+from config import MODES, TIP_TEMPERATURE, ConfigError, IntrinsicConfig, MemoryConfig, RolloutConfig
 from envs.base import Env, Task
 from engine.generation import ChatStream, generate, prefill
 from engine.kvcache import PrefixCache, supports_kv_reuse
@@ -65,23 +65,27 @@ def draw_mode(memory_cfg: MemoryConfig, seed: int, iteration: int) -> str:
 
 @dataclass
 class StepPrompt:
-    """History-window mode: one self-contained prompt per step."""
+    """One step's own prompt (with its tips) and its tip-free twin, then the action sampled from it."""
 
     ids: list[int]
     twin_ids: list[int]
     action_ids: list[int]
-    action_logp: list[float] | None = None  # log pi(action token | ids) recorded while sampling (None: not recorded)
 
 
 @dataclass
 class Episode:
+    """One played episode, token-in/token-out, in one of three layouts (samples.py turns each into training samples):
+
+    * "packed": one append-only stream `ids` (no tips: no-memory mode; or tip blocks kept where retrieved,
+      run_episodes(tip_placement="history"), a test path) and its tip-free twin;
+    * "current_turn": tips only in the current turn (memory modes, the paper's pi(a | s_t, u, tips_t)): `ids` is the
+      tip-free stream and every step keeps its own prompt in `steps` = that stream + the turn with its tips;
+    * "window": one self-contained StepPrompt per step (rollout.history_window >= 0, WebShop); `ids` stays empty.
+    """
+
     task: Task
     group: int  # episodes with the same group id form one GRPO group
     mode: str
-    # "packed": one append-only stream (tip blocks stay where retrieved with rollout.tip_placement=history);
-    # "window": one self-contained StepPrompt per step (rollout.history_window >= 0);
-    # "current_turn": tips only in the current turn (rollout.tip_placement=current_turn, memory modes): the packed
-    # stream is tip-free and every step also keeps its own prompt = that stream + the turn with its tips.
     layout: str = "packed"
     # The full-history stream: what the model saw ("packed"), or its tip-free version ("current_turn": each step's
     # with-tip context is in `steps`); empty in the "window" layout.
@@ -98,19 +102,16 @@ class Episode:
     penalties: list[float] = field(default_factory=list)  # invalid-action penalty per step (info["penalty"]; in rewards)
     corrected: list[bool] = field(default_factory=list)  # the env had to correct the action, or penalised it
     # Per step: log pi of each action token in the context it was sampled in (engine.generation.RowSampler), None where
-    # not recorded; the old log-probs of every sample trained in that context (samples.py), without a second forward.
+    # not recorded: the old log-probs of every sample trained in that context (samples.py), without a second forward.
     action_logps: list[list[float] | None] = field(default_factory=list)
     tips_retrieved: list[int] = field(default_factory=list)
     tips_shown: list[str] = field(default_factory=list)  # the tip block of each step's prompt ('' = none)
     final_observation: str = ""
     success: bool = False
     score: float | None = None  # the environment's own score at the end (WebShop: 100 x task reward, penalties aside)
-    done: bool = False
-    truncated: str = ""  # "" | "steps" | "context" | "env_error"
-    tip: str = ""
-    oracle_tip: str = ""  # rollout.tip_source=environment: the environment's tip, written when the episode ended
+    end: str = ""  # "" = still playing | "done" (the environment ended it) | cut: "steps" | "context" | "env_error"
+    tip: str = ""  # the policy's tip (rollout.tip_source=environment: the environment's, set when the episode ends)
     seed: int | None = None  # this episode's own sampling stream (step t: derive_seed(seed, "step", t)); None: global
-    last_action_ids: list[int] = field(default_factory=list)  # to close a turn cut at the token limit
     kv_cache: PrefixCache | None = field(default=None, repr=False)  # kept for the tip (rollout.kv_reuse)
 
     def extend(self, ids: list[int], twin_ids: list[int], action: bool) -> None:
@@ -135,10 +136,27 @@ class Episode:
         their log-probs in the context they were sampled in."""
         self.action_logps.append(logp)
         if self.steps:
-            self.steps[-1].action_ids, self.steps[-1].action_logp = action_ids, logp
+            self.steps[-1].action_ids = action_ids
         if self.layout != "window":
             self.extend(action_ids, action_ids, action=True)
-        self.last_action_ids = action_ids
+
+    @property
+    def last_action_ids(self) -> list[int]:
+        """The ids of the last action (to close its turn): the stream's last run of action tokens."""
+        if self.steps:
+            return self.steps[-1].action_ids
+        end = len(self.mask)
+        while end and not self.mask[end - 1]:
+            end -= 1
+        start = end
+        while start and self.mask[start - 1]:
+            start -= 1
+        return self.ids[start:end]
+
+    @property
+    def truncated(self) -> str:
+        """Why the episode was cut ("steps", "context", "env_error"); "" when it ended by itself or still plays."""
+        return "" if self.end == "done" else self.end
 
     @property
     def extrinsic_return(self) -> float:
@@ -268,14 +286,16 @@ def pay_novelty(episodes: list[Episode], first_observations: list[str], reached:
 def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], groups: list[int], *, mode: str,
                  memory: TipMemory | None, cfg: RolloutConfig, intrinsic: IntrinsicConfig | None = None,
                  temperature: float | None = None, pool: ThreadPoolExecutor | None = None,
-                 progress=None, keep_caches: bool = False, seeds: list[int] | None = None) -> list[Episode]:
+                 progress=None, keep_caches: bool = False, seeds: list[int] | None = None,
+                 tip_placement: str = "current_turn") -> list[Episode]:
     """Play len(tasks) episodes in lockstep, one env each (envs[i] plays tasks[i]).
 
     groups[i]: the GRPO group of episode i; memory: tips to retrieve in memory modes, and the novelty counts;
     temperature: defaults to cfg.temperature (evaluation passes its own); keep_caches: leave each episode's KV
     cache on `Episode.kv_cache` for `write_tips` (with rollout.kv_reuse; otherwise a cache is freed when its
     episode ends); seeds[i]: episode i samples from its own streams (engine.generation.RowSampler), independently of the
-    other episodes of the batch and of torch's global stream (None: the global stream)."""
+    other episodes of the batch and of torch's global stream (None: the global stream). tip_placement="history"
+    keeps every tip block where it was retrieved (one packed stream; not the paper's, a test path)."""
     assert len(envs) >= len(tasks), "need one environment per episode"
     env_tips = cfg.tip_source == "environment"
     if env_tips:
@@ -284,7 +304,7 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
     novelty = counts_novelty(mode, memory, intrinsic)
     temperature = cfg.temperature if temperature is None else temperature
     windowed = cfg.history_window >= 0
-    layout = "window" if windowed else "current_turn" if use_tips and cfg.tip_placement == "current_turn" else "packed"
+    layout = "window" if windowed else "current_turn" if use_tips and tip_placement == "current_turn" else "packed"
     own_pool = pool is None
     pool = pool or ThreadPoolExecutor(max_workers=max(1, len(tasks)))
     seeds = seeds if seeds is not None else [None] * len(tasks)
@@ -300,7 +320,7 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
     while True:
         live, contexts = [], []
         for i, ep in enumerate(episodes):
-            if ep.done:
+            if ep.end:
                 continue
             retrieved = (memory.retrieve(ep.task.key, observations[i], first_observations[i], cfg.tip_format)
                          if use_tips else [])
@@ -319,7 +339,7 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
                     check_first_turn(ep.task, len(twin_delta), envs[i].step_limit(ep.task), cfg,
                                      len(chat.encode(envs[i].turn_reminder())))
             if len(context) + cfg.max_action_tokens > cfg.max_prompt_tokens:
-                ep.done, ep.truncated, ep.final_observation = True, "context", observations[i]
+                ep.end, ep.final_observation = "context", observations[i]
                 continue
             ep.add_prompt(delta, twin_delta)
             ep.tips_retrieved.append(len(retrieved))
@@ -344,7 +364,7 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
         actions = generate_actions(model, chat, contexts, live_caches, max_new_tokens=cfg.max_action_tokens,
                                    temperature=temperature, top_p=cfg.top_p, batch_size=cfg.generation_batch_size,
                                    seeds=row_seeds([episodes[i] for i in live], "step", step), logprobs=logps,
-                                   keep_caches=keep, kv_cache=cfg.kv_cache)
+                                   keep_caches=keep)
         logps += [None] * (len(actions) - len(logps))  # nothing recorded (e.g. a scripted generator): recompute
         for i, cache in zip(live, live_caches or []):
             caches[i] = cache
@@ -363,9 +383,9 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
             ep.success, ep.score = bool(info.get("success", False)), info.get("score", ep.score)
             observations[i] = obs
             if done:
-                ep.done, ep.final_observation = True, obs
-                ep.truncated = "env_error" if info.get("env_error") else "steps" if info.get("truncated") else ""
-                ep.oracle_tip = envs[i].oracle_tip() if env_tips else ""
+                ep.final_observation = obs
+                ep.end = "env_error" if info.get("env_error") else "steps" if info.get("truncated") else "done"
+                ep.tip = envs[i].oracle_tip() if env_tips else ""
                 if not keep_caches:
                     caches[i] = None
         step += 1
@@ -413,10 +433,10 @@ def tip_context(chat: ChatStream, ep: Episode, budget: int = 1 << 30) -> list[in
 
 
 def write_tips(model, chat: ChatStream, episodes: list[Episode], memory: TipMemory | None, cfg: RolloutConfig,
-               max_score: float = 100.0) -> dict[str, float]:
+               max_score: float = 100.0, temperature: float = TIP_TEMPERATURE) -> dict[str, float]:
     """The policy reflects on each episode (one batched generate) into `ep.tip`; `tip_entries(ep, max_score)` are
     staged in `memory` (None: the caller stores them). An episode's KV cache (run_episodes(keep_caches=True)) is
-    reused: only the tip turn is encoded, then freed."""
+    reused: only the tip turn is encoded, then freed. temperature: 0 only in tests (greedy tips)."""
     todo = [ep for ep in episodes if ep.num_actions > 0]
     # a window-layout tip context is the whole trajectory, not the cached last window: nothing to reuse
     caches = [None if ep.layout == "window" else ep.kv_cache for ep in todo] if kv_reuse_enabled(model, cfg) else None
@@ -424,14 +444,14 @@ def write_tips(model, chat: ChatStream, episodes: list[Episode], memory: TipMemo
         ep.kv_cache = None
     if not todo:
         return {"tips_written": 0.0, "tips_empty": 0.0}
-    if cfg.tip_source == "environment":  # the ablation: no generation, the environment's tip (Env.oracle_tip)
-        tips = [ep.oracle_tip for ep in todo]
+    if cfg.tip_source == "environment":  # the ablation: no generation, the environment's tip (set by run_episodes)
+        tips = [ep.tip for ep in todo]
     else:  # only the first line is kept (clean_tip): stop there; the caches are dropped after this call: no split
         budget = cfg.max_prompt_tokens - cfg.tip_max_tokens
         outputs = generate_actions(model, chat, [tip_context(chat, ep, budget) for ep in todo], caches,
-                                   max_new_tokens=cfg.tip_max_tokens, temperature=cfg.tip_temperature,
+                                   max_new_tokens=cfg.tip_max_tokens, temperature=temperature,
                                    batch_size=cfg.generation_batch_size, seeds=row_seeds(todo, "tip"),
-                                   keep_caches=False, stop=chat.first_line_stop(), kv_cache=cfg.kv_cache)
+                                   keep_caches=False, stop=chat.first_line_stop())
         tips = [chat.plain(chat.decode(ids)) for ids in outputs]
     empty = 0
     for ep, text in zip(todo, tips):

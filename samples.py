@@ -1,61 +1,71 @@
-"""Training samples: which context each mode trains on (paper §4.2, Table 3), the loss weight of every action token,
+"""Training samples: which context each mode learns in (paper §4.2, Table 3), the loss weight of every action token,
 and how an iteration's samples are cut into mini-batches.
 
-An episode (rollout.Episode) becomes one or more `Sample`s, by its layout (docs/algorithm.md, "The three modes"):
+Table 3: what the update scores, per mode. The loss is a ratio pi / pi_old over the episode's action tokens; the
+two differ only in the context the actions are scored in.
 
-* `packed_sample`     - full history: ONE sequence per episode. On-policy pi(a_t | s_t, u) (or with the tips kept
-                        where retrieved, tip_placement=history); off-policy: the tip-free twin, old log-probs from
-                        the stream with tips (Table 3) or from the twin (Algorithm 1).
-* `step_sample`       - one step's own prompt: a history window (WebShop), or current-turn tips learned on-policy
-                        with train.branch_packing=false, pi(a_t | s_t, u, tips_t): every step had its own context.
-* `branched_sample`   - current-turn tips learned on-policy, pi(a_t | s_t, u, tips_t): the same per-step contexts
-                        as ONE sequence, the tip-free stream once + one branch per step (engine/branches.py).
-* `current_turn_off_policy_sample` - current-turn tips learned off-policy: ONE tip-free packed sequence
-                        pi(a_t | s_t, u), behaviour log-probs from each step's own with-tip prompt.
+    mode             the loss scores pi(a_t | ...)        the old log-prob pi_old(a_t | ...)
+    no_memory        s_t, u        (the context played)  s_t, u         recorded while sampling
+    on_policy_tips   s_t, u, tips_t (the context played)  s_t, u, tips_t recorded while sampling
+    off_policy       s_t, u        (the tip-free TWIN)    "with_tips" (Table 3, the reference release):
+                                                            s_t, u, tips_t recorded while sampling
+                                                          "without_tips" (Algorithm 1 L27): the twin, one forward
 
-Every action token carries its loss weight (`losses.loss_weights`, loss.aggregation; default: each step weighs 1
-whatever the layout), so packing never changes what a step weighs. `split_by_steps` cuts the shuffled samples into
-mini-batches of about `train.minibatch_steps` steps (a packed episode is never split), and every mini-batch divides
-by the same `minibatch_normaliser`, so a step weighs the same in each. Old log-probs: those
-recorded while sampling wherever the old context is the one played (`recorded_logp`, loss.old_logp_source).
+`contexts(ep)` returns exactly that: for each sample of an episode the context the loss scores and the context(s) its
+old log-probs come from. Off-policy is where EMPO² differs from GRPO: the actions were played with tips, the update
+learns them without, so the final policy needs no memory. How an episode's contexts are laid out (rollout.Episode):
+
+    layout         what was played                             samples
+    packed         one append-only stream (no tips)            one per episode: the stream, in one forward
+    current_turn   tip-free stream + each turn's own tips      on-policy: one per step, packed as branches of ONE
+                                                               sequence (engine/branches.py); off-policy: one, the
+                                                               tip-free stream, old log-probs from each step's prompt
+    window         one self-contained prompt per step          one per step (WebShop's history window)
+
+Every action token carries its loss weight (`loss_weights`: each step weighs 1 whatever its length and packing) and
+every mini-batch of an iteration divides by the same `minibatch_normaliser`, so a step weighs 1 / minibatch_steps in
+whichever optimiser step the shuffle (`split_by_steps`) puts it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from engine.branches import BranchPacked, pack_branches
-from losses import action_runs, loss_weights
+
+
+@dataclass
+class Context:
+    """A token sequence with its action tokens marked, and the log-probs recorded when they were sampled in it."""
+
+    ids: list[int]
+    mask: list[int]  # 1 on action tokens
+    logp: list[float] | None = None  # one per action token; None: never sampled in this context, or not recorded
 
 
 @dataclass
 class Sample:
-    """One training sequence. Action tokens appear in the same order in `ids` and `old_ids`."""
+    """One training sequence: the context the loss scores and where its old log-probs come from (`old`, the contexts
+    holding the same action tokens in the same order)."""
 
-    ids: list[int]  # the context the loss scores (tip-free twin for off-policy)
+    ids: list[int]  # the context the loss scores
     mask: list[int]  # 1 on action tokens of `ids`
-    old_ids: list[int]  # the context of the old/behaviour log-probs
-    old_mask: list[int]
     advantages: list[float]  # one per action token
-    old_logp: list[float] = field(default_factory=list)  # filled by the trainer, one per action token
+    old: list[Context]  # the old log-probs' context(s), in action order
+    old_logp: list[float] = field(default_factory=list)  # one per action token: recorded, or compute_old_logprobs
     ref_logp: list[float] = field(default_factory=list)  # loss.kl_coef > 0: log pi_ref per action token (trainer)
-    # Behaviour log-probs from several contexts instead of old_ids: [(ids, mask)] in action order (an off-policy
-    # "current_turn" episode: one tip-free sequence to train on, but each action was played in its own step prompt).
-    old_contexts: list[tuple[list[int], list[int]]] = field(default_factory=list)
-    # One loss weight per action token (losses.loss_weights; build_samples sets them for loss.aggregation). A sample
-    # built without them weighs each of its steps 1.
-    weights: list[float] = field(default_factory=list)
-    # Log-probs recorded while sampling, when old_ids (old_contexts) are the context(s) the actions were sampled in
-    # (None: never sampled there, or not recorded); build_samples uses them as old_logp (loss.old_logp_source).
-    recorded_logp: list[float] | None = field(default=None, repr=False)
-    # Branch-packed per-step contexts (`branched_sample`): positions and attention of ids (None: plain causal).
-    branches: BranchPacked | None = field(default=None, repr=False)
+    weights: list[float] = field(default_factory=list)  # one loss weight per action token ([]: each step weighs 1)
+    branches: BranchPacked | None = field(default=None, repr=False)  # positions/attention of branch-packed `ids`
 
     def __post_init__(self):
         if not self.weights:
             self.weights = loss_weights(self.mask, "step")
 
-    def old_sequences(self) -> list[tuple[list[int], list[int]]]:
-        return self.old_contexts or [(self.old_ids, self.old_mask)]
+    @property
+    def recorded_logp(self) -> list[float] | None:
+        """The old log-probs recorded while sampling, when every old context was played and recorded (else None)."""
+        if any(c.logp is None for c in self.old):
+            return None
+        return [value for c in self.old for value in c.logp]
 
     @property
     def steps(self) -> int:
@@ -64,32 +74,36 @@ class Sample:
 
     @property
     def units(self) -> float:
-        """Its share of a mini-batch's normaliser: the sum of its weights (steps under "step" aggregation)."""
+        """Its share of a mini-batch's normaliser: the sum of its weights (its steps, with step weights)."""
         return float(sum(self.weights))
 
 
-def build_samples(episodes: list, advantages: list, *, off_policy_old_logp: str = "with_tips",
-                  aggregation: str = "step", old_logp_source: str = "rollout", branch_packing: bool = True
-                  ) -> list[Sample]:
-    """Episodes (rollout.Episode) -> samples: one per episode (packed stream), or one per step (history window, and on-policy
-    episodes played with tips in the current turn only: each step had its own context). advantages[i]: episode i's
-    advantage, or one per step (advantages.gigpo_step_advantages; per-step samples only). Every action token gets its
-    loss weight for `aggregation` (losses.loss_weights), so the layout never changes what a step weighs.
-    old_logp_source="rollout": a sample whose old context is the one its actions were sampled in gets the log-probs
-    recorded while sampling (`Episode.action_logps`) as `old_logp`; the others (off-policy "without_tips": the
-    tip-free context was never sampled in) are left for losses.compute_old_logprobs; "recompute": all are.
-    branch_packing: the per-step samples of a current-turn on-policy episode as ONE `branched_sample`."""
-    samples = []
-    for ep, adv in zip(episodes, advantages):
-        start = len(samples)
-        add_episode_samples(samples, ep, adv, off_policy_old_logp, branch_packing)
-        episode_tokens = sum(len(s.advantages) for s in samples[start:])
-        for s in samples[start:]:
-            s.weights = loss_weights(s.mask, aggregation, episode_tokens)
-            seen = s.recorded_logp
-            if old_logp_source == "rollout" and seen is not None and len(seen) == len(s.advantages):
-                s.old_logp = list(seen)
-    return samples
+# ----------------------------------------------------------------------------- Table 3
+
+
+def contexts(ep, off_policy_old_logp: str = "with_tips") -> list[tuple[Context, list[Context]]]:
+    """Table 3 for one episode (rollout.Episode): one (scored, old) pair per sample, in step order. `scored` is the
+    context the loss scores the actions in; `old` the context(s) their old log-probs come from."""
+    def step_context(prompt: list[int], action: list[int], logp=None) -> Context:
+        return Context(prompt + action, [0] * len(prompt) + [1] * len(action), logp)
+
+    played_steps = [(s, lp) for s, lp in zip(ep.steps, ep.action_logps) if s.action_ids]
+    if ep.layout == "packed":  # played = the stream; its twin is the same stream without tip blocks
+        played = [Context(ep.ids, ep.mask, recorded(ep.action_logps))] if any(ep.mask) else []
+        twins = [Context(ep.twin_ids, ep.twin_mask)] if any(ep.mask) else []
+    elif ep.layout == "window":  # every step was its own prompt, with tips and tip-free
+        played = [step_context(s.ids, s.action_ids, lp) for s, lp in played_steps]
+        twins = [step_context(s.twin_ids, s.action_ids) for s, _ in played_steps]
+    else:  # "current_turn": each step played in its own prompt; the twin is the one tip-free stream
+        played = [step_context(s.ids, s.action_ids, lp) for s, lp in played_steps]
+        twins = [Context(ep.twin_ids, ep.twin_mask)] if any(ep.twin_mask) else []
+    if ep.mode != "off_policy":
+        return [(c, [c]) for c in played]
+    if off_policy_old_logp == "without_tips":
+        return [(t, [t]) for t in twins]
+    if len(twins) == len(played):  # one twin per played context
+        return [(t, [p]) for t, p in zip(twins, played)]
+    return [(t, played) for t in twins]  # current_turn: one tip-free stream, each action's own with-tip prompt
 
 
 def recorded(logps: list) -> list[float] | None:
@@ -97,81 +111,54 @@ def recorded(logps: list) -> list[float] | None:
     return None if any(lp is None for lp in logps) else [value for lp in logps for value in lp]
 
 
-def add_episode_samples(samples: list[Sample], ep, adv, off_policy_old_logp: str, branch_packing: bool = True
-                        ) -> None:
-    """Append the training samples of one episode; adv: its advantage, or one per step (GiGPO, per-step layouts)."""
-    off = ep.mode == "off_policy"
-    step_adv = adv if isinstance(adv, list) else [adv] * len(ep.steps)
-    if ep.layout == "current_turn" and off:
-        if any(ep.twin_mask):
-            samples.append(current_turn_off_policy_sample(ep, adv, off_policy_old_logp))
-    elif ep.layout == "current_turn" and branch_packing and any(s.action_ids for s in ep.steps):
-        samples.append(branched_sample(ep, step_adv))
-    elif ep.steps:  # history window, or current-turn tips learned on-policy
-        samples += [step_sample(step, a, off, off_policy_old_logp) for step, a in zip(ep.steps, step_adv)
-                    if step.action_ids]
-    elif any(ep.mask):
-        samples.append(packed_sample(ep, float(adv), off, off_policy_old_logp))
+# ----------------------------------------------------------------------------- episodes -> samples
 
 
-def packed_sample(ep, adv: float, off: bool, off_policy_old_logp: str) -> Sample:
-    """A full-history episode as ONE sequence (no tips, or tips kept where retrieved: tip_placement=history).
-    On-policy: pi(a_t | s_t, u) or pi(a_t | s_t, u, tips) on the stream the model saw, old log-probs there too.
-    Off-policy: the numerator pi(a_t | s_t, u) on the tip-free twin; the denominator on the stream with tips
-    (Table 3, "with_tips") or on the twin (Algorithm 1, "without_tips")."""
-    n, seen = sum(ep.mask), recorded(ep.action_logps)  # the actions' log-probs in ep.ids, the stream played
-    if not off:
-        return Sample(ep.ids, ep.mask, ep.ids, ep.mask, [adv] * n, recorded_logp=seen)
-    if off_policy_old_logp == "with_tips":
-        return Sample(ep.twin_ids, ep.twin_mask, ep.ids, ep.mask, [adv] * n, recorded_logp=seen)
-    return Sample(ep.twin_ids, ep.twin_mask, ep.twin_ids, ep.twin_mask, [adv] * n)
+def build_samples(episodes: list, advantages: list, *, off_policy_old_logp: str = "with_tips",
+                  branch_packing: bool = True, aggregation: str = "step", old_logp_source: str = "rollout"
+                  ) -> list[Sample]:
+    """Episodes -> samples, one per `contexts` pair. advantages[i]: episode i's advantage, or one per step (GiGPO:
+    per-step samples only). branch_packing: a current-turn on-policy episode's per-step samples become ONE
+    `branch_packed` sample (the same loss and gradient; off only where the attention cannot take a 4-D mask).
+    Every sample whose old contexts were played gets the log-probs recorded while sampling as its `old_logp`; the
+    rest (off-policy "without_tips") are left to losses.compute_old_logprobs. Test paths: aggregation ("step",
+    "episode", "token": `loss_weights`) and old_logp_source="recompute" (leave every old_logp to the forward)."""
+    samples = []
+    for ep, adv in zip(episodes, advantages):
+        per_step = iter([a for s, a in zip(ep.steps, adv) if s.action_ids] if isinstance(adv, list) else [])
+        made = []
+        for scored, old in contexts(ep, off_policy_old_logp):
+            runs = action_runs(scored.mask)  # one run of action tokens per step
+            step_adv = [next(per_step) for _ in runs] if isinstance(adv, list) else [adv] * len(runs)
+            made.append(Sample(ids=scored.ids, mask=scored.mask, old=old,
+                               advantages=[a for a, n in zip(step_adv, runs) for _ in range(n)]))
+        if branch_packing and ep.layout == "current_turn" and ep.mode != "off_policy" and made:
+            made = [branch_packed(ep.ids, made)]
+        episode_tokens = sum(len(s.advantages) for s in made)
+        for s in made:
+            s.weights = loss_weights(s.mask, aggregation, episode_tokens)
+            seen = s.recorded_logp
+            if old_logp_source == "rollout" and seen is not None and len(seen) == len(s.advantages):
+                s.old_logp = list(seen)
+        samples += made
+    return samples
 
 
-def step_sample(step, adv: float, off: bool, off_policy_old_logp: str) -> Sample:
-    """One step's own prompt + its action (a history window, or current-turn tips learned on-policy: every step
-    was played in a context of its own). On-policy: pi(a_t | s_t, u, tips_t) where tips were shown. Off-policy
-    (window layout): numerator pi(a_t | s_t, u) on the tip-free prompt, denominator as in `packed_sample`."""
-    ids, twin = step.ids + step.action_ids, step.twin_ids + step.action_ids
-    mask = [0] * len(step.ids) + [1] * len(step.action_ids)
-    twin_mask = [0] * len(step.twin_ids) + [1] * len(step.action_ids)
-    advantages, seen = [adv] * len(step.action_ids), step.action_logp  # recorded in step.ids, the prompt played
-    if not off:
-        return Sample(ids, mask, ids, mask, advantages, recorded_logp=seen)
-    if off_policy_old_logp == "with_tips":
-        return Sample(twin, twin_mask, ids, mask, advantages, recorded_logp=seen)
-    return Sample(twin, twin_mask, twin, twin_mask, advantages)
-
-
-def current_turn_off_policy_sample(ep, adv: float, off_policy_old_logp: str) -> Sample:
-    """Off-policy with tips in the current turn only: the update scores pi(a_t | s_t, u) on the tip-free stream,
-    ONE packed sequence, as cheap as a no-memory episode. Only the behaviour log-probs (no grad, once) need each
-    action's own with-tip step prompt pi_old(a_t | s_t, u, tips_t) (Table 3); Algorithm 1 scores the stream itself."""
-    played = [s for s in ep.steps if s.action_ids]
-    if off_policy_old_logp != "with_tips":
-        return Sample(ep.twin_ids, ep.twin_mask, ep.twin_ids, ep.twin_mask, [adv] * sum(ep.twin_mask))
-    old = [(s.ids + s.action_ids, [0] * len(s.ids) + [1] * len(s.action_ids)) for s in played]
-    return Sample(ep.twin_ids, ep.twin_mask, ep.twin_ids, ep.twin_mask, [adv] * sum(ep.twin_mask), old_contexts=old,
-                  recorded_logp=recorded([s.action_logp for s in played]))
-
-
-def branched_sample(ep, step_adv: list[float]) -> Sample:
-    """Current-turn tips learned on-policy, pi(a_t | s_t, u, tips_t): every step was played in its own context
-    (the tip-free history + that turn with its tips), the per-step samples of `step_sample`. Packed here as ONE
-    sequence: the tip-free stream (`ep.ids`) once, then per step a branch (the rest of its own prompt + its action)
-    that sees the stream only up to where its prompt leaves it, at the positions it had (engine/branches.py). The loss and
-    gradient equal the per-step samples' at a fraction of the tokens; old log-probs: recorded in those contexts."""
-    played = [(s, a) for s, a in zip(ep.steps, step_adv) if s.action_ids]
-    points, branches, masks, advantages = [], [], [], []
-    for step, a in played:
-        shared = common_prefix(step.ids, ep.ids, len(step.ids) - 1)  # where this step's prompt leaves the stream
+def branch_packed(stream: list[int], per_step: list[Sample]) -> Sample:
+    """A current-turn on-policy episode's per-step samples (each step's own prompt, the tip-free history + that turn
+    with its tips, + its action) as ONE sequence: the tip-free `stream` once, then per step a branch (the rest of its
+    prompt + its action) that sees the stream only up to where its prompt leaves it, at the positions it had
+    (engine/branches.py). The loss and gradient equal the per-step samples' at a fraction of the tokens."""
+    points, branches, masks = [], [], []
+    for s in per_step:
+        prompt = s.mask.index(1)
+        shared = common_prefix(s.ids, stream, prompt - 1)  # where this step's prompt leaves the stream
         points.append(shared)
-        branches.append(step.ids[shared:] + step.action_ids)
-        masks.append([0] * (len(step.ids) - shared) + [1] * len(step.action_ids))
-        advantages += [a] * len(step.action_ids)
-    packed = pack_branches(ep.ids, points, branches, masks)
-    old = [(s.ids + s.action_ids, [0] * len(s.ids) + [1] * len(s.action_ids)) for s, _ in played]
-    return Sample(packed.ids, packed.mask, packed.ids, packed.mask, advantages, old_contexts=old,
-                  recorded_logp=recorded([s.action_logp for s, _ in played]), branches=packed)
+        branches.append(s.ids[shared:])
+        masks.append(s.mask[shared:])
+    packed = pack_branches(stream, points, branches, masks)
+    return Sample(ids=packed.ids, mask=packed.mask, old=[c for s in per_step for c in s.old],
+                  advantages=[a for s in per_step for a in s.advantages], branches=packed)
 
 
 def common_prefix(a: list[int], b: list[int], limit: int) -> int:
@@ -186,24 +173,61 @@ def common_prefix(a: list[int], b: list[int], limit: int) -> int:
 
 def per_step_samples(sample: Sample) -> list[Sample]:
     """An on-policy packed sample -> one sample per action (the prefix up to that action, only it masked): the
-    reference's per-step samples. The packed sample's loss equals the token-weighted loss of these, at the
-    price of re-encoding every prefix (tools/bench.py measures it; tests/test_rollout.py checks the equality)."""
-    runs, start = [], None
-    for pos, m in enumerate(sample.mask + [0]):
-        if m and start is None:
-            start = pos
-        elif not m and start is not None:
-            runs.append((start, pos))
-            start = None
-    out, offset = [], 0
-    for begin, end in runs:
-        n = end - begin
-        mask = [0] * begin + [1] * n
-        old_logp = sample.old_logp[offset : offset + n] if sample.old_logp else []
-        out.append(Sample(sample.ids[:end], mask, sample.ids[:end], mask, sample.advantages[offset : offset + n],
-                          old_logp))
+    reference's per-step samples. The packed sample's loss equals theirs, at the price of re-encoding every prefix
+    (tools/bench.py measures it; tests/test_rollout.py checks the equality)."""
+    out, offset, end = [], 0, 0
+    for n in action_runs(sample.mask):
+        end = sample.mask.index(1, end)  # this action's first token
+        mask = [0] * end + [1] * n
+        end += n
+        old_logp = sample.old_logp[offset: offset + n] if sample.old_logp else []
+        out.append(Sample(ids=sample.ids[:end], mask=mask, old=[Context(sample.ids[:end], mask)],
+                          advantages=sample.advantages[offset: offset + n], old_logp=old_logp))
         offset += n
     return out
+
+
+# ----------------------------------------------------------------------------- loss weights and mini-batches
+
+
+def action_runs(mask: list[int]) -> list[int]:
+    """The lengths of the runs of consecutive 1s in an action mask: one run per action (step) of a sequence."""
+    runs, length = [], 0
+    for m in list(mask) + [0]:
+        if m:
+            length += 1
+        elif length:
+            runs.append(length)
+            length = 0
+    return runs
+
+
+def loss_weights(mask: list[int], aggregation: str = "step", episode_tokens: int = 0) -> list[float]:
+    """One loss weight per action token of a sequence (in order); a mini-batch's loss is sum(w * l) / N.
+
+    "step" (the reference, what training uses): 1 / len(its action), so every step weighs 1 whatever its length
+        and however it is packed: a packed episode contributes exactly what its per-step samples would (verl's
+        seq-mean-token-mean with one step per sample);
+    "episode" (test path): 1 / episode_tokens (the action tokens of the whole episode): every episode weighs 1;
+    "token" (test path): 1, every action token weighs the same (verl's token-mean)."""
+    runs = action_runs(mask)
+    if aggregation == "step":
+        return [1.0 / n for n in runs for _ in range(n)]
+    if aggregation == "episode":
+        return [1.0 / max(episode_tokens, 1)] * sum(runs)
+    if aggregation == "token":
+        return [1.0] * sum(runs)
+    raise ValueError(f"unknown loss aggregation {aggregation!r}; expected step, episode or token")
+
+
+def minibatch_normaliser(total_steps: int, total_units: float, minibatch_steps: int) -> float:
+    """What every mini-batch of an iteration divides its weighted loss sum by: the units (sum of `Sample.weights`)
+    that `minibatch_steps` of the iteration's steps hold on average, total_units / total_steps per step (all ranks'
+    samples); the iteration's own units when it has fewer steps than one mini-batch. With step weights every step
+    then weighs 1 / minibatch_steps in whichever optimiser step it lands, however many steps that one holds."""
+    if total_steps <= minibatch_steps:
+        return float(total_units)
+    return minibatch_steps * float(total_units) / total_steps
 
 
 def split_by_steps(order: list[int], steps: list[int], count: int) -> list[list[int]]:
@@ -216,13 +240,3 @@ def split_by_steps(order: list[int], steps: list[int], count: int) -> list[list[
         chunks[min(count - 1, seen * count // total) if total else 0].append(i)
         seen += steps[i]
     return chunks
-
-
-def minibatch_normaliser(total_steps: int, total_units: float, minibatch_steps: int) -> float:
-    """What every mini-batch of an iteration divides its weighted loss sum by: the units (sum of `Sample.weights`)
-    that `minibatch_steps` of the iteration's steps hold on average, total_units / total_steps per step (all ranks'
-    samples); the iteration's own units when it has fewer steps than one mini-batch. Under "step" aggregation every
-    step then weighs 1 / minibatch_steps in whichever optimiser step it lands, however many steps that one holds."""
-    if total_steps <= minibatch_steps:
-        return float(total_units)
-    return minibatch_steps * float(total_units) / total_steps

@@ -12,7 +12,7 @@ One iteration (paper Algorithm 1; docs/algorithm.md §7), one line per step in `
  4. in memory modes the policy writes a tip per episode (rollout.write_tips);
  5. all ranks apply every rank's new tips in rank order, so the memory stays identical (memory.py);
  6. advantages: GRPO per row-group of N episodes (or GiGPO's per step), + the novelty tie-breaker (advantages.py);
- 7. samples (samples.build_samples): the context each mode learns in, every action token weighted per step;
+ 7. samples (samples.build_samples): the context each mode learns in (Table 3), every action token weighted per step;
  8. old log-probs, once (and the KL reference's with `loss.kl_coef`);
  9. `train.epochs` passes of shuffled mini-batches of ~`train.minibatch_steps` environment steps: clipped objective
     (losses.py), every step weighing 1 / minibatch_steps (one normaliser for the iteration), gradient all-reduce,
@@ -47,8 +47,7 @@ import numpy as np
 import torch
 import yaml
 
-from advantages import (advantage_return, gigpo_step_advantages, group_advantages, intrinsic_return, novelty_advantages,
-                        novelty_bonus)
+from advantages import gigpo_step_advantages, group_advantages, novelty_advantages
 from config import Config, ConfigError, config_help, load_config, split_cli, to_dict
 from engine.branches import supported as branches_supported
 from envs import make_env_pool
@@ -63,7 +62,7 @@ from infra.runtime import (all_ranks, all_reduce_gradients, check_launch, derive
 from losses import compute_old_logprobs, compute_reference_logprobs, length_buckets, padded_tokens, samples_loss
 from memory import TipMemory
 from rollout import ChatStream, check_prompt_budget, draw_mode, run_episodes, write_tips
-from samples import Sample, build_samples, minibatch_normaliser, split_by_steps
+from samples import Context, Sample, build_samples, minibatch_normaliser, split_by_steps
 
 
 # ----------------------------------------------------------------------------- the update
@@ -73,9 +72,9 @@ def update(model, optimizer, samples, cfg: Config, accelerator, mode: str, pad_i
            sharded: bool = False) -> dict:
     """`train.epochs` passes of shuffled mini-batches of about `train.minibatch_steps` environment steps each: the
     clipped objective (losses.samples_loss), gradient clipping, AdamW; a non-finite loss or gradient norm on any rank
-    skips that step on every rank. Every action token carries a loss weight (`Sample.weights`, loss.aggregation)
+    skips that step on every rank. Every action token carries a loss weight (`Sample.weights`: each step weighs 1)
     and a mini-batch's loss is sum(w * l) / N with ONE normaliser N for every mini-batch of the iteration
-    (`samples.minibatch_normaliser`): with "step" weights every step weighs 1 / minibatch_steps wherever it lands."""
+    (`samples.minibatch_normaliser`): every step weighs 1 / minibatch_steps wherever it lands."""
     # Ranks: mini-batch k is the union of every rank's k-th chunk (every rank cuts its shuffled samples into the
     # same number of chunks, balanced by step counts). A rank holds a few whole episodes, so chunks vary in size: a
     # per-mini-batch normaliser would weigh a step by the size of the mini-batch the shuffle put it in, hence one N
@@ -158,7 +157,7 @@ def minibatch_plan(samples: list[Sample], minibatch_steps: int, accelerator) -> 
 
 def padding_sample(pad_id: int) -> Sample:
     """A 2-token sample with one action token and advantage 0: the cheapest forward/backward FSDP can match."""
-    return Sample(ids=[pad_id, pad_id], mask=[0, 1], old_ids=[pad_id, pad_id], old_mask=[0, 1], advantages=[0.0],
+    return Sample(ids=[pad_id, pad_id], mask=[0, 1], advantages=[0.0], old=[Context([pad_id, pad_id], [0, 1])],
                   old_logp=[0.0], weights=[0.0])
 
 
@@ -219,33 +218,31 @@ def sync_memory(memory, accelerator, clock) -> None:
 
 def compute_advantages(played, cfg: Config) -> tuple[list, dict]:
     """(advantages, counts): GRPO's per group of N episodes, or GiGPO's per step as verl-agent computes it
-    (advantages.py), then the novelty bonus as a tie-breaker on the score (intrinsic.combine: advantage)."""
+    (advantages.py), then the novelty bonus B_i = sum_t 1/n_t as a tie-breaker on the score."""
     groups, counts = [ep.group for ep in played], {}
     if cfg.loss.advantage == "gigpo":
-        joint = cfg.intrinsic.combine == "return"
         raw = [[r + p for r, p in zip(ep.rewards, ep.penalties)] for ep in played]  # rewards without penalty
         scores = [sum(r) for r in raw]  # R_i, what the episode level compares (before each row's penalty)
         advantages, credited = gigpo_step_advantages(
             raw, [ep.penalties for ep in played], [ep.anchors for ep in played], groups,
             gamma=cfg.loss.gigpo_gamma, weight=cfg.loss.gigpo_weight, divide_std=cfg.loss.gigpo_divide_std,
-            episode_stats=cfg.loss.gigpo_episode_stats, eps=cfg.loss.advantage_eps,
-            episode_bonus=[intrinsic_return(ep, cfg.intrinsic) if joint else 0.0 for ep in played])
+            episode_stats=cfg.loss.gigpo_episode_stats)
         counts["steps_with_anchor_credit"] = float(credited)
     else:
-        scores = [advantage_return(ep, cfg.intrinsic) for ep in played]
-        advantages = group_advantages(scores, groups, cfg.loss.advantage_eps)
-    if cfg.intrinsic.combine == "advantage" and cfg.intrinsic.coef:
+        scores = [ep.extrinsic_return for ep in played]
+        advantages = group_advantages(scores, groups)
+    if cfg.intrinsic.coef:
         advantages = novelty_advantages(
-            advantages, [novelty_bonus(ep, cfg.intrinsic) for ep in played], scores, groups, cfg.intrinsic.coef,
-            eps=cfg.loss.advantage_eps, divide_std=cfg.loss.advantage != "gigpo" or cfg.loss.gigpo_divide_std)
+            advantages, [sum(ep.intrinsic) for ep in played], scores, groups, cfg.intrinsic.coef,
+            divide_std=cfg.loss.advantage != "gigpo" or cfg.loss.gigpo_divide_std)
     return advantages, counts
 
 
 def make_samples(played, advantages, cfg: Config, model) -> list[Sample]:
-    """samples.build_samples with the loss settings: the contexts each mode learns in, every token's weight."""
+    """samples.build_samples: the contexts each mode learns in (Table 3), every token's weight; a current-turn
+    episode's steps branch-packed into one sequence wherever the attention takes a 4-D mask."""
     return build_samples(played, advantages, off_policy_old_logp=cfg.loss.off_policy_old_logp,
-                         aggregation=cfg.loss.aggregation, old_logp_source=cfg.loss.old_logp_source,
-                         branch_packing=cfg.train.branch_packing and branches_supported(model))
+                         branch_packing=branches_supported(model))
 
 
 def old_logprobs(model, reference, samples, pad_id: int, cfg: Config, accelerator) -> dict:
@@ -266,10 +263,10 @@ def log_record(cfg: Config, accelerator, memory, out_dir: Path, iteration: int, 
     with train.log_episodes a seeded sample of this rank's episodes, turn by turn, for tools/viewer.py."""
     times, rank = clock.lap("time_update"), accelerator.process_index
     if cfg.train.log_episodes:  # a crashed episode with its partial return
-        records = [episode_record(ep, advantage_return(ep, cfg.intrinsic)) for ep in episodes]
+        records = [episode_record(ep) for ep in episodes]
         write_episodes(out_dir / "episodes" / f"iter_{iteration:06d}_rank{rank}.jsonl", sample_for_log(
             records, cfg.train.log_episodes, derive_seed(cfg.train.seed, "log", iteration, rank)))
-    stats = [EpisodeStats.of(ep, intrinsic_return(ep, cfg.intrinsic)) for ep in episodes]
+    stats = [EpisodeStats.of(ep, cfg.intrinsic.coef * sum(ep.intrinsic)) for ep in episodes]
     parts = gather_objects(accelerator, (stats, update_metrics, counts))
     return {"iteration": iteration, "mode": mode, **merge_rank_metrics(parts, memory), **times}
 

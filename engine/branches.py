@@ -156,10 +156,10 @@ def branch_inputs(model, seqs: list[list[int]], layouts: list, width: int, devic
     implementation = attention_implementation(model)
     if implementation not in MASKED_ATTENTIONS:
         raise ValueError(f"branch-packed samples need sdpa or eager attention (a 4-D mask), not {implementation!r}; "
-                         "set train.branch_packing=false")
+                         "build them only where `supported(model)` (samples.build_samples(branch_packing=False))")
     if not supports_kv_reuse(model):  # a 4-D mask replaces the sliding window too
         raise ValueError("branch-packed samples need full attention in every layer (this model has sliding-window "
-                         "layers); set train.branch_packing=false")
+                         "layers); build them only where `supported(model)`")
     dtype = torch.bool if implementation == "sdpa" else model.get_input_embeddings().weight.dtype
     return dict(attention_mask=branch_attention_mask(packed, width, dtype=dtype, device=device),
                 position_ids=positions.to(device))

@@ -241,7 +241,7 @@ def one_autocast_region(fn):
     """Run fn(model, ...) inside one autocast region when the model asks for it (`model.generation_autocast_dtype`,
     set by infra.models.load_policy for fp32 master weights with autocast forwards). Each forward's own autocast then
     nests inside it and reuses the weight casts cached for the whole call; the cache (one compute-dtype copy of
-    the weights: 7B in bf16, 15 GB) is freed when the call returns."""
+    the weights, docs/scaling.md) is freed when the call returns."""
     @functools.wraps(fn)
     def wrapped(model, *args, **kwargs):
         dtype = getattr(model, "generation_autocast_dtype", None)
@@ -286,7 +286,7 @@ def generate(model, pad_id: int, eos_id: int, contexts: list[list[int]], *, max_
     objects are consumed: emptied layer by layer as the batch takes them over (a cache shared by several rows, a
     group's prefill, after its last row's batch), so the keys/values exist about once. keep_caches=False (or
     False at row i): that row's cache is dropped instead of split back (no further turn: a tip, a last step),
-    caches[i] is None. kv_cache: "dynamic" | "static" (rollout.kv_cache, engine/kvcache.py; the same tokens).
+    caches[i] is None. kv_cache: "static" (what rollouts use) | "dynamic" (a test path; engine/kvcache.py: the same tokens).
 
     logprobs: a list to fill with one entry per context: the log-probs of its output tokens under the model
     (`RowSampler(record=True)`), or None where they were not recorded (seedless sampling at temperature > 0, whose

@@ -4,11 +4,11 @@ An episode's `PrefixCache` holds the keys/values of a prefix of its own token st
 gathers its rows' caches into one left-padded batch cache (`batched_cache`), decodes, and splits the grown batch
 back into per-row caches (`split_cache`). Both directions go layer by layer and free as they go: the row caches of
 layer l are released once layer l of the batch holds them, and layer l of the batch once every row has its copy.
-So at a turn boundary the keys/values exist about once (plus one layer), not twice: with 7B x 128 episodes x 7k
-tokens two full copies were 110-128 GB on an H200. Rows whose cache nobody needs afterwards (the tip call, an
+So at a turn boundary the keys/values exist about once (plus one layer), not twice (what two copies cost at 7B:
+docs/scaling.md). Rows whose cache nobody needs afterwards (the tip call, an
 episode at its last step) are not split at all.
 
-Two batch layouts (`rollout.kv_cache`):
+Two batch layouts (`batched_cache(kind=)`; rollouts use "static", "dynamic" is the reference a test compares with):
 * "dynamic": transformers' `DynamicLayer`; every decode step concatenates each layer's keys/values with the new
   position, i.e. allocates and copies the whole cache again (about 2x the cache moved per token);
 * "static": our `BufferLayer`, pre-sized once per call to everything the call can hold (reused prefix + new
@@ -157,7 +157,7 @@ def _buffer_layer_class():
             start = self.keys.shape[-2]
             end = start + key_states.shape[-2]
             if end > self.capacity:
-                raise RuntimeError(f"rollout.kv_cache=static: {end} positions do not fit the {self.capacity} "
+                raise RuntimeError(f"static KV cache: {end} positions do not fit the {self.capacity} "
                                    "this call's buffer was sized for")
             self.key_buffer[:, :, start:end] = key_states
             self.value_buffer[:, :, start:end] = value_states
@@ -175,7 +175,7 @@ def batched_cache(caches: list[PrefixCache | None], reuse: list[int], width: int
     its keys/values over (rows sharing one cache object must all be in this batch)."""
     Cache, DynamicCache, _ = transformers_cache_classes()
     if kind not in KV_CACHES:
-        raise ValueError(f"rollout.kv_cache={kind!r} is not one of {list(KV_CACHES)}")
+        raise ValueError(f"KV cache kind={kind!r} is not one of {list(KV_CACHES)}")
     if kind == "static" and capacity < width:
         raise ValueError(f"a static batch cache needs capacity >= width, got {capacity} < {width}")
     release = release or [False] * len(caches)

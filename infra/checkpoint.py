@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import yaml
 
-from config import Config, ConfigError, to_dict
+from config import REMOVED, TIP_TEMPERATURE, Config, ConfigError, to_dict
 from infra.models import load_trainable, save_model
 from infra.runtime import gather_objects, is_sharded
 
@@ -50,9 +50,10 @@ def generation_settings(config: dict, model, tokenizer) -> dict:
     from engine.generation import stop_ids
 
     rollout = config.get("rollout", {})
-    keys = ("temperature", "top_p", "max_action_tokens", "max_prompt_tokens", "tip_temperature", "tip_max_tokens")
-    return {**{key: rollout.get(key) for key in keys}, "eval_temperature": config.get("train", {}).get(
-        "eval_temperature"), "stop_token_ids": stop_ids(model, tokenizer.eos_token_id)}
+    keys = ("temperature", "top_p", "max_action_tokens", "max_prompt_tokens", "tip_max_tokens")
+    return {**{key: rollout.get(key) for key in keys}, "tip_temperature": TIP_TEMPERATURE,
+            "eval_temperature": config.get("train", {}).get("eval_temperature"),
+            "stop_token_ids": stop_ids(model, tokenizer.eos_token_id)}
 
 
 def save_checkpoint(out_dir: Path, iteration: int, model, tokenizer, optimizer, memory, accelerator,
@@ -169,6 +170,11 @@ def check_resume(folder: Path, config: dict, world_size: int) -> None:
     if not saved_file.is_file():  # written before configs were saved with checkpoints
         return
     saved, now = _flatten(json.loads(saved_file.read_text())), _flatten(config)
+    removed = sorted(k for k in saved if k in REMOVED)
+    if removed:  # never silently ignored: the run depended on a setting this code no longer has
+        raise ConfigError(f"--resume: the checkpoint's config has keys this code has removed: "
+                          + "; ".join(f"{k} ({REMOVED[k]})" for k in removed)
+                          + ". Resume it at the commit that wrote it")
     # A key the code gained after the checkpoint was written (e.g. model.init_adapter) had, in effect, its default
     # value in that run: resuming with the default continues the same run; any other value is a change.
     defaults = _flatten(to_dict(Config()))

@@ -49,7 +49,7 @@ class EpisodeStats:
 
     @classmethod
     def of(cls, ep, intrinsic_return: float = 0.0) -> "EpisodeStats":
-        """ep: a rollout.Episode; intrinsic_return: advantages.intrinsic_return(ep, cfg.intrinsic)."""
+        """ep: a rollout.Episode; intrinsic_return: coef x B_i (train.log_record)."""
         return cls(ep.extrinsic_return, ep.success, ep.num_actions, ep.truncated, list(ep.tips_retrieved),
                    list(ep.intrinsic), intrinsic_return, sum(ep.corrected))
 

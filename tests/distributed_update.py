@@ -5,7 +5,7 @@ reference; run by tests/test_distributed.py, which compares them.
     torchrun --nproc_per_node 2 tests/distributed_update.py dp OUT.pt
     torchrun --nproc_per_node 2 tests/distributed_update.py fsdp OUT.pt
     torchrun --nproc_per_node 2 tests/distributed_update.py fsdp_nan OUT.pt   (rank 1 has a NaN loss; one mini-batch)
-    torchrun --nproc_per_node 2 tests/distributed_update.py dp_episode OUT.pt (loss.aggregation=episode)
+    torchrun --nproc_per_node 2 tests/distributed_update.py dp_episode OUT.pt (every episode weighs 1)
     python tests/distributed_update.py reference OUT.pt   (the reference's per-step samples, by hand)
 
 Six packed "episodes" of very different lengths (1 to 9 actions of 1-4 tokens, advantages of both signs): in 2
@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from config import Config  # noqa: E402
 from losses import compute_old_logprobs  # noqa: E402
-from samples import Sample  # noqa: E402
+from samples import Context, Sample  # noqa: E402
 from infra.runtime import Launch, full_weights, gather_objects, make_accelerator, shard_model  # noqa: E402
 from train import update  # noqa: E402
 
@@ -79,7 +79,7 @@ def samples() -> list[Sample]:
         for n_action, n_after in actions:
             mask += [1] * n_action + [0] * n_after
         ids = [rng.randrange(1, VOCAB) for _ in mask]
-        out.append(Sample(ids, mask, ids, mask, [advantage] * sum(mask)))
+        out.append(Sample(ids=ids, mask=mask, old=[Context(ids, mask)], advantages=[advantage] * sum(mask)))
     return out
 
 
@@ -187,7 +187,6 @@ def main(mode: str, out_file: str) -> None:
     if mode == "fsdp_nan":  # one mini-batch: the skip, not the weighting, is what this mode checks
         cfg.train.minibatch_steps = 1000
     if mode == "dp_episode":  # this project's earlier weighting: every episode weighs 1
-        cfg.loss.aggregation = "episode"
         for s in mine:
             s.weights = [1.0 / len(s.advantages)] * len(s.advantages)
     with full_weights(model):

@@ -2,10 +2,12 @@
 from pathlib import Path
 
 import dataclasses
+import re
 
 import pytest
 
-from config import Config, ConfigError, config_help, load_config, parse_overrides, read_config_file, split_cli
+from config import (REMOVED, Config, ConfigError, config_help, load_config, parse_overrides, read_config_file,
+                    split_cli)
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 CONFIGS = sorted(CONFIG_DIR.glob("*.yaml"))
@@ -52,12 +54,30 @@ def test_overrides_are_typed():
     ("--model.lora=maybe", "model.lora"),
     ("--train=3", "train"),
     ("--loss.lowprob_mask=always", "loss.lowprob_mask"),
-    ("--rollout.kv_cache=paged", "rollout.kv_cache='paged' is not one of"),
+    ("--rollout.tip_format=short", "rollout.tip_format='short' is not one of"),
     ("--memory.p_no_memory=0.9", "memory.p_"),
 ])
 def test_bad_values_name_the_key(override, fragment):
     with pytest.raises(ConfigError, match=fragment.replace(".", r"\.")):
         load_config(QUICKSTART, [override])
+
+
+@pytest.mark.parametrize("key", sorted(REMOVED))
+def test_a_removed_key_is_refused_by_name(key, tmp_path):
+    """Every removed key (config.REMOVED) is refused on the command line and in a YAML file, naming the key and
+    what the code now always does; none of them is a field any more."""
+    with pytest.raises(ConfigError, match=f"config key '{re.escape(key)}' was removed: {re.escape(REMOVED[key])}"):
+        load_config(QUICKSTART, [f"--{key}=1"])
+    *sections, name = key.split(".")
+    text = "".join("  " * depth + f"{part}:\n" for depth, part in enumerate(sections)) + "  " * len(sections) + \
+        f"{name}: 1\n"
+    (tmp_path / "old.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(key)):
+        load_config(str(tmp_path / "old.yaml"))
+    node = Config()
+    for part in sections:
+        node = getattr(node, part)
+    assert name not in {f.name for f in dataclasses.fields(node)}
 
 
 def test_unknown_key_in_yaml(tmp_path):
@@ -108,7 +128,7 @@ def test_grpo_configs_are_their_empo2_base_with_memory_off():
         assert grpo.model == empo2.model and grpo.env == empo2.env and grpo.rollout == empo2.rollout
 
 
-def test_a_removed_key_is_refused_by_name():
+def test_a_key_that_never_existed_is_unknown():
     with pytest.raises(ConfigError, match="unknown config key 'memory.p_memory_off_policy'"):
         load_config(QUICKSTART, ["--memory.p_memory_off_policy=1"])
 

@@ -89,19 +89,20 @@ def test_prefill_shares_a_groups_first_message(policy):
                     caches=caches) == want
 
 
-def play_both_ways(model, chat, envs, tasks, groups, cfg: RolloutConfig, mode="no_memory", memory_entries=()):
+def play_both_ways(model, chat, envs, tasks, groups, cfg: RolloutConfig, mode="no_memory", memory_entries=(),
+                   placement="current_turn"):
     """Greedy episodes + tips with kv_reuse off and on -> (streams, tips, actions) of each."""
     out = {}
     for reuse in (False, True):
-        rollout = dataclasses.replace(cfg, kv_reuse=reuse, temperature=0.0, tip_temperature=0.0)
+        rollout = dataclasses.replace(cfg, kv_reuse=reuse, temperature=0.0)
         memory = TipMemory(capacity=50, top_k=2)
         for task in set(tasks):
             for entry in memory_entries:
                 memory.stage(task.key, entry)
         memory.sync()
         eps = run_episodes(model, chat, envs, tasks, groups, mode=mode, memory=memory, cfg=rollout,
-                           keep_caches=True)
-        write_tips(model, chat, eps, memory, rollout)
+                           keep_caches=True, tip_placement=placement)
+        write_tips(model, chat, eps, memory, rollout, temperature=0.0)
         assert all(ep.kv_cache is None for ep in eps)  # freed after the tip
         out[reuse] = ([ep.ids for ep in eps], [[s.ids + s.action_ids for s in ep.steps] for ep in eps],
                       [ep.tip for ep in eps], [ep.actions for ep in eps], [action_runs(ep) for ep in eps])
@@ -131,8 +132,9 @@ def test_rollout_with_kv_reuse_matches_reencoding_on_the_sanity_env(policy, plac
     train = envs[0].tasks("train")
     tasks, groups = [train[0]] * 2 + [train[1]] * 2, [0, 0, 1, 1]
     tips = [TipEntry(tip="Connect the wire before pressing the button.", action="connect", ret=50.0)]
-    cfg = RolloutConfig(max_action_tokens=6, max_prompt_tokens=2048, tip_max_tokens=12, tip_placement=placement)
-    out = play_both_ways(model, chat, envs, tasks, groups, cfg, mode="on_policy_tips", memory_entries=tips)
+    cfg = RolloutConfig(max_action_tokens=6, max_prompt_tokens=2048, tip_max_tokens=12)
+    out = play_both_ways(model, chat, envs, tasks, groups, cfg, mode="on_policy_tips", memory_entries=tips,
+                         placement=placement)
     assert out[True] == out[False]
     # Tips in the prompt: in every turn of the packed stream, or in each step's own context (current_turn: the
     # cache then reuses only the tip-free history, the previous turn's block is dropped).
@@ -330,18 +332,25 @@ def test_pre_drawn_uniforms_give_the_per_step_reference_samples(temperature, top
 
 @pytest.mark.slow
 @pytest.mark.parametrize("temperature, reuse", [(0.0, True), (1.0, True), (1.0, False)])
-def test_static_and_dynamic_kv_caches_give_the_same_episodes(policy, temperature, reuse):
-    """rollout.kv_cache static (in-place buffers) vs dynamic (DynamicCache): identical actions, recorded log-probs
-    and tips, greedy and sampled with fixed seeds, over episodes of 1-3 turns with cut and eos-ended actions."""
+def test_static_and_dynamic_kv_caches_give_the_same_episodes(policy, temperature, reuse, monkeypatch):
+    """The static batch KV cache (in-place buffers, what rollouts use) vs the dynamic one (DynamicCache, rollouts
+    switched to it through the generate they call): identical actions, recorded log-probs and tips, greedy and
+    sampled with fixed seeds, over episodes of 1-3 turns with cut and eos-ended actions."""
+    import functools
+
+    import rollout
+    from engine import generation
+
     model, tokenizer = policy
     chat = ChatStream(tokenizer)
     out = {}
     for kind in ("dynamic", "static"):
+        monkeypatch.setattr(rollout, "generate", functools.partial(generation.generate, kv_cache=kind))
         cfg = RolloutConfig(max_action_tokens=8, max_prompt_tokens=4096, tip_max_tokens=10, kv_reuse=reuse,
-                            temperature=temperature, tip_temperature=temperature, kv_cache=kind)
+                            temperature=temperature)
         eps = run_episodes(model, chat, [QuizEnv(1), QuizEnv(3), QuizEnv(2)], [Task("quiz", 0)] * 3, [0, 1, 2],
                            mode="no_memory", memory=None, cfg=cfg, keep_caches=True, seeds=[5, 6, 7])
-        write_tips(model, chat, eps, None, cfg)
+        write_tips(model, chat, eps, None, cfg, temperature=temperature)
         out[kind] = [(ep.ids, ep.action_logps, ep.tip) for ep in eps]
     assert out["static"] == out["dynamic"]
     assert [len(ep[1]) for ep in out["static"]] == [1, 3, 2]

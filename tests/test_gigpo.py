@@ -67,14 +67,6 @@ def test_penalty_hits_its_own_row_only():
     assert credited == 2  # the two steps at P; S got no credit at all
 
 
-def test_episode_bonus_enters_the_episode_level_only():
-    """bonus 1 for b: rows a [1, 1], b [2, 2] -> mean 1.5 -> a -0.5, b +0.5; the step level (equal returns) stays 0."""
-    adv, credited = gigpo_step_advantages([[0.0, 1.0], [0.0, 1.0]], [[0.0, 0.0], [0.0, 0.0]],
-                                          [["S", "P"], ["S", "P"]], [0, 0], gamma=0.5, weight=1.0,
-                                          divide_std=False, episode_bonus=[0.0, 1.0])
-    assert adv == [[-0.5, -0.5], [0.5, 0.5]] and credited == 0
-
-
 @pytest.mark.parametrize("divide_std", [True, False])
 @pytest.mark.parametrize("value", [0.1, 0.7])  # values whose float mean over three copies is not the value itself
 def test_all_equal_groups_give_exactly_zero(divide_std, value):

@@ -90,7 +90,7 @@ def test_static_layer_writes_in_place_what_a_dynamic_layer_concatenates():
     assert static.layers[0].key_buffer.data_ptr() == buffer and static.get_seq_length() == 5
     with pytest.raises(RuntimeError, match="do not fit the 5"):
         static.update(*new, layer_idx=0)
-    with pytest.raises(ValueError, match="rollout.kv_cache='paged'"):
+    with pytest.raises(ValueError, match="kind='paged'"):
         batched_cache(rows, [3, 1], 3, num_layers=LAYERS, kind="paged")
 
 

@@ -119,7 +119,7 @@ MIN_CHANGE = {"with_tips": 0.3, "without_tips": 2.0}
 
 
 # Table 3's denominator through the run's default path; Algorithm 1's on one-step episodes built by hand (the
-# packed layout of tip_placement=history and of no-memory episodes).
+# packed layout of no-memory episodes and of run_episodes(tip_placement="history")).
 @pytest.mark.parametrize("old_logp, path", [("with_tips", "rollout"), ("without_tips", "by_hand")])
 def test_off_policy_update_distils_the_tip_into_the_tip_free_policy(fresh_policy, old_logp, path, monkeypatch):
     from accelerate import Accelerator
@@ -136,20 +136,18 @@ def test_off_policy_update_distils_the_tip_into_the_tip_free_policy(fresh_policy
     # Played with tips, learned off-policy: GOOD paid, BAD did not.
     if path == "rollout":  # the default path: current-turn tips, one packed tip-free sample per episode
         episodes = played_with_tips(model, chat, cfg, monkeypatch)
-        assert [ep.layout for ep in episodes] == ["current_turn"] * 2 and cfg.rollout.tip_placement == "current_turn"
+        assert [ep.layout for ep in episodes] == ["current_turn"] * 2
         assert [ep.tips_retrieved for ep in episodes] == [[1, 1]] * 2 and [ep.num_actions for ep in episodes] == [2, 2]
-        advantages = group_advantages([ep.extrinsic_return for ep in episodes], [ep.group for ep in episodes],
-                                      cfg.loss.advantage_eps)
+        advantages = group_advantages([ep.extrinsic_return for ep in episodes], [ep.group for ep in episodes])
         assert advantages[0] > 0 > advantages[1]
     else:  # one-step episodes built by hand, advantages +-1
         episodes = [one_step_episode(chat, GOOD, "off_policy", True), one_step_episode(chat, BAD, "off_policy", True)]
         advantages = [1.0, -1.0]
-    samples = build_samples(episodes, advantages, off_policy_old_logp=old_logp, aggregation=cfg.loss.aggregation)
+    samples = build_samples(episodes, advantages, off_policy_old_logp=old_logp)
     assert len(samples) == 2 and [s.ids for s in samples] == [ep.twin_ids for ep in episodes]  # scored without tips
     assert all("<tip>" not in chat.decode(s.ids) for s in samples)
     if path == "rollout":  # the behaviour log-probs: each action in its own with-tip step prompt
-        assert all(len(s.old_contexts) == 2 and all(chat.decode(ids).count("<tip>") == 1 for ids, _ in s.old_contexts)
-                   for s in samples)
+        assert all(len(s.old) == 2 and all(chat.decode(c.ids).count("<tip>") == 1 for c in s.old) for s in samples)
     tip_free = [stream_logprob(model, chat, ep.twin_ids, ep.twin_mask) for ep in episodes]  # every step
     compute_old_logprobs(model, samples, chat.pad_id, "cpu", micro_batch_size=2)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)

@@ -6,7 +6,8 @@ import torch
 
 from advantages import (anchor_state_advantages, discounted_returns, gigpo_step_advantages, grpo_advantages,
                         group_advantages, novelty_advantages)
-from losses import action_logprobs, action_runs, clipped_policy_loss, loss_weights
+from losses import action_logprobs, clipped_policy_loss
+from samples import action_runs, loss_weights
 
 
 def loss_of(ratios, advantages, mask=None, old=None, **kw):
@@ -305,10 +306,9 @@ def test_novelty_coef_must_stay_below_one():
         novelty_advantages([0.0, 0.0], [1.0, 0.0], [0.0, 0.0], [0, 0], coef=1.0)
     with pytest.raises(ConfigError, match="intrinsic.coef"):
         load_config(None, ["--intrinsic.coef=1.0"])
-    assert load_config(None, ["--intrinsic.coef=1.0", "--intrinsic.combine=return"]).intrinsic.coef == 1.0
 
 
-# ----------------------------------------------------------------------------- loss weights (loss.aggregation)
+# ----------------------------------------------------------------------------- loss weights (samples.loss_weights)
 
 
 def test_loss_weights_by_hand():
@@ -367,13 +367,13 @@ def test_reference_logprobs_are_the_base_models_with_lora_disabled(policy):
     from config import ModelConfig
     from losses import compute_reference_logprobs
     from infra.models import load_policy
-    from samples import Sample
+    from samples import Context, Sample
     model, tokenizer = policy
     lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
     saved = [p.detach().clone() for p in lora_b]
     ids = tokenizer("Your task is to boil water. > look around. You see a stove and a pot.")["input_ids"]
     mask = [0] * 6 + [1] * (len(ids) - 6)
-    sample = Sample(ids=ids, mask=mask, old_ids=ids, old_mask=mask, advantages=[1.0] * (len(ids) - 6))
+    sample = Sample(ids=ids, mask=mask, old=[Context(ids, mask)], advantages=[1.0] * (len(ids) - 6))
     try:
         with torch.no_grad():
             for p in lora_b:
@@ -411,14 +411,14 @@ def test_full_fine_tuning_reference_stays_the_initial_model_after_a_step(tiny_fo
     from config import ModelConfig
     from losses import compute_reference_logprobs
     from infra.models import load_policy, load_reference
-    from samples import Sample
+    from samples import Context, Sample
     cfg = ModelConfig(name_or_path=tiny_folder, lora=False)
     model, tokenizer = load_policy(cfg)
     reference = load_reference(cfg)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     ids = tokenizer("Your task is to boil water. > look around. You see a stove and a pot.")["input_ids"]
     mask = [0] * 6 + [1] * (len(ids) - 6)
-    sample = Sample(ids=ids, mask=mask, old_ids=ids, old_mask=mask, advantages=[1.0] * (len(ids) - 6))
+    sample = Sample(ids=ids, mask=mask, old=[Context(ids, mask)], advantages=[1.0] * (len(ids) - 6))
     model.train()
     model(input_ids=torch.tensor([ids]), labels=torch.tensor([ids])).loss.backward()
     optimizer.step()

@@ -1,5 +1,5 @@
-"""Behaviour log-probs recorded while sampling (loss.old_logp_source=rollout) equal the old log-probs a separate
-forward computes (loss.old_logp_source=recompute), in every mode and layout, with and without KV reuse, for actions
+"""Behaviour log-probs recorded while sampling (build_samples' default) equal the old log-probs a separate
+forward computes (old_logp_source="recompute", the peers' way), in every mode and layout, with and without KV reuse, for actions
 cut at the token limit; and the tip stops at its first line without losing what clean_tip keeps."""
 import pytest
 import torch
@@ -42,9 +42,9 @@ def test_recorded_logprobs_equal_a_recomputing_forward(policy, mode, placement, 
     model.eval()
     chat = ChatStream(tokenizer)
     cfg = RolloutConfig(max_action_tokens=8, max_prompt_tokens=4000, temperature=temperature, history_window=window,
-                        tip_placement=placement, kv_reuse=reuse)
+                        kv_reuse=reuse)
     episodes = run_episodes(model, chat, [RoomsEnv(2) for _ in range(2)], [Task("rooms", 0)] * 2, [0, 0],
-                            mode=mode, memory=memory_with_tips(), cfg=cfg, seeds=[11, 12])
+                            mode=mode, memory=memory_with_tips(), cfg=cfg, seeds=[11, 12], tip_placement=placement)
     advantages = [1.0, -0.5]
     recorded = build_samples(episodes, advantages, off_policy_old_logp=old_context, old_logp_source="rollout")
     recomputed = build_samples(episodes, advantages, off_policy_old_logp=old_context, old_logp_source="recompute")
@@ -98,15 +98,15 @@ def test_the_tip_stops_at_its_first_line_and_keeps_it(policy):
 
 
 def test_branch_packed_episode_has_the_per_step_samples_loss_and_gradient(policy):
-    """A current-turn on-policy episode as ONE branch-packed sample (samples.branched_sample) against its per-step
-    samples (train.branch_packing=false): the same step-weighted loss and LoRA gradient, on episodes of 2 and 3
+    """A current-turn on-policy episode as ONE branch-packed sample (samples.branch_packed) against its per-step
+    samples (build_samples(branch_packing=False)): the same step-weighted loss and LoRA gradient, on episodes of 2 and 3
     steps in one micro-batch, with fewer tokens through the forward."""
     from config import LossConfig
     from losses import samples_loss
 
     model, tokenizer = policy
     chat = ChatStream(tokenizer)
-    cfg = RolloutConfig(max_action_tokens=8, max_prompt_tokens=4000, temperature=1.0, tip_placement="current_turn")
+    cfg = RolloutConfig(max_action_tokens=8, max_prompt_tokens=4000, temperature=1.0)
     episodes = run_episodes(model, chat, [RoomsEnv(2), RoomsEnv(3)], [Task("rooms", 0)] * 2, [0, 0],
                             mode="on_policy_tips", memory=memory_with_tips(), cfg=cfg, seeds=[5, 6])
     assert [ep.num_actions for ep in episodes] == [2, 3] and all(ep.layout == "current_turn" for ep in episodes)

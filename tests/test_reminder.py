@@ -95,8 +95,9 @@ def test_every_user_turn_ends_with_the_instruction_after_its_tips(policy, placem
     memory = TipMemory(capacity=10, top_k=2)
     memory.add(task.key, TipEntry(tip="Try the red lamp first.", action="turn on the red lamp", ret=50.0, state=""))
     torch.manual_seed(0)
-    cfg = RolloutConfig(max_action_tokens=6, max_prompt_tokens=4000, tip_placement=placement)
-    episodes = run_episodes(model, chat, envs, [task, task], [0, 0], mode="off_policy", memory=memory, cfg=cfg)
+    cfg = RolloutConfig(max_action_tokens=6, max_prompt_tokens=4000)
+    episodes = run_episodes(model, chat, envs, [task, task], [0, 0], mode="off_policy", memory=memory, cfg=cfg,
+                            tip_placement=placement)
     reminder = "\n" + RESPOND
     for ep in episodes:
         seen = [s.ids for s in ep.steps] if placement == "current_turn" else [ep.ids]

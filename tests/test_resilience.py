@@ -171,6 +171,22 @@ def test_a_checkpoint_older_than_a_config_key_resumes_with_its_default_and_refus
         check_resume(folder, to_dict(changed), world_size=1)
 
 
+def test_a_checkpoint_with_a_key_the_code_has_removed_is_refused_by_name(tmp_path):
+    """A checkpoint whose run set a key this code no longer has (config.REMOVED) is never resumed as if the key had
+    not been there: the refusal names the key and what the code now always does."""
+    from infra.checkpoint import check_resume
+    from config import Config, to_dict
+
+    folder = tmp_path / "iter_000001"
+    folder.mkdir()
+    (folder / "state.json").write_text(json.dumps({"iteration": 1, "world_size": 1}))
+    old = to_dict(Config())
+    old["loss"]["aggregation"] = "step"  # written by a commit that still had the key
+    (folder / "config.json").write_text(json.dumps(old))
+    with pytest.raises(ConfigError, match=r"loss\.aggregation \(each step always weighs 1"):
+        check_resume(folder, to_dict(Config()), world_size=1)
+
+
 def test_sigterm_finishes_the_iteration_checkpoints_and_exits_zero(tmp_path, tiny_folder):
     out = tmp_path / "run"
     cmd = [sys.executable, "train.py", "--config", SANITY,

@@ -12,7 +12,6 @@ import sys
 import pytest
 import torch
 
-from advantages import advantage_return, intrinsic_return
 from config import IntrinsicConfig, MemoryConfig, RolloutConfig
 from envs.base import Task
 from losses import compute_old_logprobs, sequence_action_logprobs
@@ -33,9 +32,9 @@ def play(policy, env_cls, mode, memory, n=2, window=-1, max_steps=3, intrinsic=N
     envs = [env_cls(max_steps) for _ in range(n)]
     tasks = [Task("rooms", 0)] * n
     torch.manual_seed(1)
-    cfg = RolloutConfig(max_action_tokens=8, max_prompt_tokens=4000, temperature=1.0, history_window=window,
-                        tip_placement=placement)
-    eps = run_episodes(model, chat, envs, tasks, [0] * n, mode=mode, memory=memory, cfg=cfg, intrinsic=intrinsic)
+    cfg = RolloutConfig(max_action_tokens=8, max_prompt_tokens=4000, temperature=1.0, history_window=window)
+    eps = run_episodes(model, chat, envs, tasks, [0] * n, mode=mode, memory=memory, cfg=cfg, intrinsic=intrinsic,
+                       tip_placement=placement)
     return chat, eps
 
 
@@ -84,16 +83,6 @@ def test_novelty_is_paid_after_the_rollout_whatever_the_episode_order():
     assert memory.visit_count("t/0", "start") == 3 and memory.visit_count("t/0", "room b") == 1
     pay_novelty(eps[:1], ["start"], [["room a"]], memory)  # counts persist across rollouts
     assert eps[0].intrinsic == [1 / 3]
-
-
-def test_intrinsic_return_mean_or_sum_of_the_bonuses():
-    ep = Episode(Task("t", 0), group=0, mode="no_memory", rewards=[10.0, 0.0, 0.0, 5.0],
-                 intrinsic=[1.0, 0.5, 0.5, 0.0])
-    assert intrinsic_return(ep, IntrinsicConfig(coef=2.0, aggregate="mean")) == 2.0 * 2.0 / 4
-    assert intrinsic_return(ep, IntrinsicConfig(coef=2.0, aggregate="sum")) == 4.0
-    assert advantage_return(ep, IntrinsicConfig(coef=2.0, aggregate="sum", combine="return")) == 19.0
-    assert advantage_return(ep, IntrinsicConfig(coef=2.0, aggregate="sum")) == 15.0  # combine=advantage: A += later
-    assert advantage_return(ep, IntrinsicConfig(coef=0.0)) == 15.0 == ep.extrinsic_return
 
 
 def filled_memory():
@@ -177,9 +166,9 @@ def play_recorded(monkeypatch, model, tokenizer, script, env_cls, mode, memory, 
     envs = [env_cls(len(script) if script else max_steps) for _ in range(n)]
     torch.manual_seed(1)
     limit = max(map(len, script)) if script else 8  # a scripted action is never longer than the token limit
-    cfg = RolloutConfig(max_action_tokens=limit, max_prompt_tokens=4000, temperature=1.0, tip_placement=placement,
-                        kv_reuse=model is not None)
-    eps = run_episodes(model, chat, envs, [Task("rooms", 0)] * n, [0] * n, mode=mode, memory=memory, cfg=cfg)
+    cfg = RolloutConfig(max_action_tokens=limit, max_prompt_tokens=4000, temperature=1.0, kv_reuse=model is not None)
+    eps = run_episodes(model, chat, envs, [Task("rooms", 0)] * n, [0] * n, mode=mode, memory=memory, cfg=cfg,
+                       tip_placement=placement)
     assert calls and all(len(call) == n for call in calls)  # every episode played every step
     return chat, eps, envs, [[call[i] for call in calls] for i in range(n)]
 
@@ -245,8 +234,8 @@ def test_off_policy_samples_use_the_twin_and_the_chosen_old_context(policy, room
     _, eps = play(policy, rooms_env, "off_policy", filled_memory())
     table3 = build_samples(eps, [1.0, -1.0], off_policy_old_logp="with_tips")
     alg1 = build_samples(eps, [1.0, -1.0], off_policy_old_logp="without_tips")
-    assert table3[0].ids == eps[0].twin_ids and table3[0].old_ids == eps[0].ids
-    assert alg1[0].ids == eps[0].twin_ids and alg1[0].old_ids == eps[0].twin_ids
+    assert table3[0].ids == eps[0].twin_ids and [c.ids for c in table3[0].old] == [eps[0].ids]
+    assert alg1[0].ids == eps[0].twin_ids and [c.ids for c in alg1[0].old] == [eps[0].twin_ids]
     assert table3[1].advantages == [-1.0] * sum(eps[1].mask)
 
 
@@ -311,7 +300,7 @@ def test_current_turn_placement_shows_only_this_turns_tips(request, monkeypatch,
     assert sample.ids == twin and sample.mask == twin_mask
     expected_old = ([(p + a, [0] * len(p) + [1] * len(a)) for p, a in zip(prompts, acts)] if old_context == "with_tips"
                     else [(twin, twin_mask)])
-    assert sample.old_sequences() == expected_old
+    assert [(c.ids, c.mask) for c in sample.old] == expected_old
     if model is not None:
         compute_old_logprobs(model, [sample], chat.pad_id, "cpu", micro_batch_size=2)
         with torch.no_grad():
@@ -321,11 +310,11 @@ def test_current_turn_placement_shows_only_this_turns_tips(request, monkeypatch,
         assert torch.allclose(torch.tensor(sample.old_logp), torch.cat(parts).float(), atol=1e-5)
     # On-policy with tips: each step had its own context, so each step is its own sample, scored in it.
     on = build_samples([dataclasses.replace(ep, mode="on_policy_tips")], [0.5], branch_packing=False)
-    assert [(x.ids, x.old_ids) for x in on] == [(p + a,) * 2 for p, a in zip(prompts, acts)]
+    assert [(x.ids, x.old[0].ids) for x in on] == [(p + a,) * 2 for p, a in zip(prompts, acts)]
     # Branch-packed (the default): one sequence = the tip-free stream, then each step's own prompt from where it
     # leaves that stream, plus its action; its old contexts are the step prompts above.
     (branched,) = build_samples([dataclasses.replace(ep, mode="on_policy_tips")], [0.5])
-    assert branched.old_contexts == [(x.ids, x.mask) for x in on] and branched.steps == len(acts)
+    assert [(c.ids, c.mask) for c in branched.old] == [(x.ids, x.mask) for x in on] and branched.steps == len(acts)
     points = []
     for prompt in prompts:  # where each step's prompt leaves the tip-free stream (at most all but its last token)
         n = 0
@@ -390,7 +379,7 @@ def test_tips_are_written_by_the_policy_and_staged(policy, rooms_env):
     model, tokenizer = policy
     memory = TipMemory()
     chat, eps = play(policy, rooms_env, "no_memory", memory)
-    stats = write_tips(model, chat, eps, memory, RolloutConfig(tip_max_tokens=24, tip_temperature=1.0))
+    stats = write_tips(model, chat, eps, memory, RolloutConfig(tip_max_tokens=24))
     assert stats["tips_written"] + stats["tips_empty"] == 2
     assert len(memory.pending_tips) == 3 * stats["tips_written"]
     memory.sync()

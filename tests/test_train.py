@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from config import load_config
 from conftest import clean_env, free_port
-from samples import Sample
+from samples import Context, Sample
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")
@@ -103,7 +103,8 @@ def test_nonfinite_loss_skips_the_update_and_keeps_weights(policy):
     _, tokenizer = policy
     ids = tokenizer.encode("hello world, this is an action", add_special_tokens=False)
     mask = [0, 0] + [1] * (len(ids) - 2)
-    bad = Sample(ids, mask, ids, mask, [1.0] * sum(mask), old_logp=[float("nan")] * sum(mask))
+    bad = Sample(ids=ids, mask=mask, old=[Context(ids, mask)], advantages=[1.0] * sum(mask),
+                 old_logp=[float("nan")] * sum(mask))
     metrics, unchanged = run_update(policy, [bad], minibatch_steps=1000)
     assert metrics["skipped_updates"] == 1 and metrics["optimizer_steps"] == 0 and unchanged
 

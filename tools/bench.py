@@ -400,10 +400,8 @@ def mode_iteration(model, chat, envs, tasks, cfg, mode, memory, optimizer, accel
     t2 = clock()
     advantages = group_advantages([ep.extrinsic_return for ep in episodes], [ep.group for ep in episodes])
     advantages = [a if a else 1.0 for a in advantages]  # a non-zero loss even when every return is equal
-    samples = build_samples(episodes, advantages, off_policy_old_logp=cfg.loss.off_policy_old_logp,
-                            aggregation=cfg.loss.aggregation, old_logp_source=cfg.loss.old_logp_source,
-                            branch_packing=cfg.train.branch_packing)
-    recompute_tokens = sum(len(ids) for s in samples for ids, _ in s.old_sequences())  # "recompute" would encode
+    samples = build_samples(episodes, advantages, off_policy_old_logp=cfg.loss.off_policy_old_logp)
+    recompute_tokens = sum(len(c.ids) for s in samples for c in s.old)  # what recomputing every old log-prob encodes
     _, old_tokens = compute_old_logprobs(model, samples, chat.pad_id, device_of(model), cfg.train.micro_batch_size)
     t3 = clock()
     metrics = update(model, optimizer, samples, cfg, accelerator, mode, chat.pad_id, random.Random(seed))
@@ -434,8 +432,7 @@ def per_mode_iterations(model, chat, envs, tasks, cfg) -> dict:
         memory.load_state_dict(frozen)
         rows[mode] = mode_iteration(model, chat, envs, tasks, cfg, mode, memory, optimizer, accelerator, seed=1)
     base = rows["no_memory"]["total"]
-    print(f"(f) one iteration per mode, {len(tasks)} episodes, loss.old_logp_source={cfg.loss.old_logp_source}, "
-          f"tip_placement={cfg.rollout.tip_placement}")
+    print(f"(f) one iteration per mode, {len(tasks)} episodes, old log-probs recorded while sampling")
     print("    mode            rollout   tips  old-logp  update   total  x no-memory  old-logp tokens (recompute)  "
           "update tokens  samples  tips shown")
     for mode, r in rows.items():
