@@ -127,7 +127,9 @@ def _ensure_smollm2() -> Path:
         tmp = Path(tempfile.mkdtemp(prefix=f"{_SMOLLM2_FOLDER}.tmp-", dir=target.parent))
         try:
             log.info("converting %s to an HF folder in %s (once, ~1 minute)", gguf.name, target)
-            with _offline():
+            # from_config draws random weights it then overwrites: on a fork of torch's generator, so the run
+            # that converts seeds its LoRA init exactly as every later run that finds the folder converted
+            with _offline(), torch.random.fork_rng(devices=[]):
                 _convert_smollm2(gguf, tmp)
             for item in [tmp, *tmp.iterdir()]:  # mkdtemp (and safetensors) create owner-only entries
                 item.chmod(0o755 if item.is_dir() else 0o644)

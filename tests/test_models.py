@@ -55,6 +55,24 @@ def _tiny(folder, **overrides) -> ModelConfig:
 
 
 @pytest.mark.slow
+def test_converting_the_alias_leaves_the_callers_random_stream_alone(smollm2, tmp_path, monkeypatch):
+    """A run that converts the GGUF (a fresh machine's first run) draws its LoRA init from the same torch stream as a
+    run that finds the folder converted: conversion must not consume the caller's generator. And it is
+    deterministic: the same weights as the session's converted folder."""
+    from safetensors.torch import load_file
+
+    cached = Path(models.resolve_model_path(models.SMOLLM2_ALIAS))
+    monkeypatch.setenv("EMPO2_CACHE", str(tmp_path))
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    fresh = Path(models.resolve_model_path(models.SMOLLM2_ALIAS))
+    assert fresh != cached and fresh.is_relative_to(tmp_path)
+    assert torch.equal(torch.get_rng_state(), before)
+    new, old = load_file(fresh / "model.safetensors"), load_file(cached / "model.safetensors")
+    assert new.keys() == old.keys() and all(torch.equal(new[k], old[k]) for k in new)
+
+
+@pytest.mark.slow
 def test_alias_converts_loads_and_chats(smollm2):
     model, tokenizer = smollm2
     folder = models.resolve_model_path(models.SMOLLM2_ALIAS)
