@@ -7,6 +7,8 @@
 * `read_wandb_step`: the last iteration a wandb run holds, as the logger recorded it (output_dir/wandb_step).
 * `episode_record` / `sample_for_log` / `write_episodes`: a capped, seeded sample of episodes, turn by turn, in
   output_dir/episodes/*.jsonl (what tools/viewer.py shows).
+* `jsonl_text` / `jsonl_files`: what reads those logs back: a run writes plain `x.jsonl`, results/ keeps episode logs
+  as `x.jsonl.gz` (`gzip -9 -n`); both read the same (tools/compare.py, tools/viewer.py).
 
 Resume and Weights & Biases. A resumed run (`start > 1`) re-runs the iterations after its checkpoint. metrics.jsonl and
 TensorBoard drop the interrupted run's rows of iterations >= start, so they hold the re-run's. A wandb run's history
@@ -20,6 +22,7 @@ lacks (a resume that turns wandb on, or back on after resumes without it) are se
 """
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import random
@@ -221,6 +224,27 @@ def write_episodes(path: Path, records: list[dict]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
     tmp.replace(path)
+
+
+def jsonl_text(path: Path, errors: str = "strict") -> str | None:
+    """The text of the JSON-lines file `path` (x.jsonl), or of its gzip-compressed copy x.jsonl.gz where only that
+    exists (`path` may name either form; the plain file, what a run writes, wins where both do); None where neither
+    exists. `errors`: how undecodable bytes are handled (str.decode)."""
+    plain = Path(path).with_name(Path(path).name.removesuffix(".gz"))
+    for candidate, compressed in ((plain, False), (plain.with_name(plain.name + ".gz"), True)):
+        if candidate.is_file():
+            data = candidate.read_bytes()
+            return (gzip.decompress(data) if compressed else data).decode("utf-8", errors)
+    return None
+
+
+def jsonl_files(folder: Path, pattern: str = "*") -> dict[str, Path]:
+    """{name: file} of the JSON-lines files in `folder` whose name without .jsonl or .jsonl.gz matches the glob
+    `pattern`, sorted by name; one file per name, the plain one where both forms exist."""
+    found = {}
+    for suffix in (".jsonl.gz", ".jsonl"):  # the plain form last: it wins
+        found.update({path.name.removesuffix(suffix): path for path in Path(folder).glob(pattern + suffix)})
+    return dict(sorted(found.items()))
 
 
 def plot_metrics(metrics_path: Path, png_path: Path) -> None:

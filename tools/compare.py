@@ -57,6 +57,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from infra.metrics import jsonl_files, jsonl_text
+
 ROOT = Path(__file__).resolve().parents[1]  # the repository
 SETTINGS = {  # each registered in docs/sanity.md before its first run: never change a registered setting
     "difficulty2": [  # registered 2026-12-02 (results/comparison)
@@ -156,7 +158,10 @@ def stop_on_signals() -> None:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    """The records of x.jsonl, or of x.jsonl.gz where only that exists (results/ keeps episode logs compressed);
+    [] where neither exists."""
+    text = jsonl_text(path)
+    return [json.loads(line) for line in text.splitlines() if line.strip()] if text is not None else []
 
 
 def configured_iterations(run: Path) -> int:
@@ -362,8 +367,8 @@ def training_signal(runs: list[Path]) -> dict[str, dict]:
     for run in runs:
         config = yaml.safe_load((run / "config.yaml").read_text())  # one read: iterations and the novelty bonus
         iterations, intrinsic = int(config["train"]["iterations"]), config.get("intrinsic", {})
-        for file in sorted((run / "episodes").glob("iter_*.jsonl")):
-            iteration = int(file.name.split("_")[1])
+        for name, file in jsonl_files(run / "episodes", "iter_*").items():
+            iteration = int(name.split("_")[1])
             quarter = training_quarter(iteration, iterations)
             by_group: dict[tuple, list[tuple[float, float]]] = {}
             for record in read_jsonl(file):
@@ -444,11 +449,11 @@ def command_use_over_training(out: Path, arm: str, seeds: list[int]) -> dict[str
         run = out / "runs" / f"{arm}_s{seed}"
         stages["untrained"] += read_jsonl(out / "runs" / f"base_s{seed}" / "episodes" / "evaluation.jsonl")
         iterations = configured_iterations(run)
-        for file in (run / "episodes").glob("iter_*.jsonl"):
-            quarter = training_quarter(int(file.name.split("_")[1]), iterations)
+        for name, file in jsonl_files(run / "episodes", "iter_*").items():
+            quarter = training_quarter(int(name.split("_")[1]), iterations)
             if quarter:
                 stages[f"{quarter}_quarter"] += read_jsonl(file)
-        validations = sorted((run / "episodes").glob("val_*.jsonl"))
+        validations = list(jsonl_files(run / "episodes", "val_*").values())
         stages["final_validation"] += read_jsonl(validations[-1]) if validations else []
     return {stage: {**command_use(records), **episode_endings(records)} for stage, records in stages.items()}
 

@@ -6,7 +6,7 @@ RUN_DIR is a training run's output_dir or an eval.py output folder. Pages:
 * `/`: the training iterations (mode and return from metrics.jsonl, a link to every rank's episode file), the
   validation, evaluation and OOD-adaptation episode files, the tip-memory snapshots, and eval.md.
 * `/episodes/<file>`: the episodes of episodes/<file>.jsonl (written by infra.metrics.write_episodes; what train.py
-  logs is set by train.log_episodes).
+  logs is set by train.log_episodes), or of episodes/<file>.jsonl.gz, the form results/ keeps them in.
 * `/episodes/<file>/<index>`: one episode turn by turn: the observation, the tips that were in that step's prompt,
   the action and its reward; then the final observation and the tip the model wrote afterwards.
 * `/memory/run` (RUN_DIR/memory.json, from eval.py --ood) and `/memory/iter_XXXXXX` (a checkpoint's memory.json):
@@ -27,6 +27,8 @@ from html import escape
 from pathlib import Path
 
 from flask import Flask, abort
+
+from infra.metrics import jsonl_files, jsonl_text
 
 # The episode files train.py and eval.py write; any other name is a 404, so no path ever leaves RUN_DIR.
 TRAIN_FILE = re.compile(r"iter_(\d+)_rank(\d+)")  # one training iteration, one rank
@@ -86,9 +88,10 @@ def page(title: str, body: str) -> str:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """The JSON objects of a file, one a line; a line that does not parse (torn by a crash mid-write) is skipped."""
+    """The JSON objects of x.jsonl (or of x.jsonl.gz where only that exists), one a line; a line that does not parse
+    (torn by a crash mid-write) is skipped; [] where neither file exists."""
     records = []
-    for line in path.read_text(errors="replace").splitlines():
+    for line in (jsonl_text(path, errors="replace") or "").splitlines():
         try:
             record = json.loads(line)
         except ValueError:
@@ -102,7 +105,7 @@ def render_index(run_dir: Path) -> str:
     train_files: dict[int, dict[int, str]] = {}  # iteration -> rank -> file name
     val_files: dict[int, str] = {}
     eval_files: list[str] = []
-    for name in sorted(path.stem for path in (run_dir / "episodes").glob("*.jsonl")):
+    for name in jsonl_files(run_dir / "episodes"):
         if match := TRAIN_FILE.fullmatch(name):
             train_files.setdefault(int(match[1]), {})[int(match[2])] = name
         elif match := VAL_FILE.fullmatch(name):
@@ -220,12 +223,13 @@ def make_app(run_dir: Path) -> Flask:
     app = Flask(__name__)
 
     def episode_records(name: str) -> list[dict]:
-        """The records of episodes/<name>.jsonl; 404 for an unknown name or a missing file."""
+        """The records of episodes/<name>.jsonl or .jsonl.gz; 404 for an unknown name or a missing file."""
         name = name.removesuffix(".jsonl")
-        path = run_dir / "episodes" / f"{name}.jsonl"
-        if not any(p.fullmatch(name) for p in (TRAIN_FILE, VAL_FILE, EVAL_FILE)) or not path.is_file():
+        # the name is checked before it reaches a glob: only the file names train.py and eval.py write
+        if not any(p.fullmatch(name) for p in (TRAIN_FILE, VAL_FILE, EVAL_FILE)) or name not in jsonl_files(
+                run_dir / "episodes", name):
             abort(404)
-        return read_jsonl(path)
+        return read_jsonl(run_dir / "episodes" / f"{name}.jsonl")
 
     @app.route("/")
     def index():
