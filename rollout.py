@@ -385,7 +385,8 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
             if done:
                 ep.final_observation = obs
                 ep.end = "env_error" if info.get("env_error") else "steps" if info.get("truncated") else "done"
-                ep.tip = envs[i].oracle_tip() if env_tips else ""
+                if env_tips:
+                    ep.tip = envs[i].oracle_tip()
                 if not keep_caches:
                     caches[i] = None
         step += 1

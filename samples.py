@@ -63,9 +63,7 @@ class Sample:
     @property
     def recorded_logp(self) -> list[float] | None:
         """The old log-probs recorded while sampling, when every old context was played and recorded (else None)."""
-        if any(c.logp is None for c in self.old):
-            return None
-        return [value for c in self.old for value in c.logp]
+        return recorded([c.logp for c in self.old])
 
     @property
     def steps(self) -> int:
@@ -89,8 +87,9 @@ def contexts(ep, off_policy_old_logp: str = "with_tips") -> list[tuple[Context, 
 
     played_steps = [(s, lp) for s, lp in zip(ep.steps, ep.action_logps) if s.action_ids]
     if ep.layout == "packed":  # played = the stream; its twin is the same stream without tip blocks
-        played = [Context(ep.ids, ep.mask, recorded(ep.action_logps))] if any(ep.mask) else []
-        twins = [Context(ep.twin_ids, ep.twin_mask)] if any(ep.mask) else []
+        acted = any(ep.mask)
+        played = [Context(ep.ids, ep.mask, recorded(ep.action_logps))] if acted else []
+        twins = [Context(ep.twin_ids, ep.twin_mask)] if acted else []
     elif ep.layout == "window":  # every step was its own prompt, with tips and tip-free
         played = [step_context(s.ids, s.action_ids, lp) for s, lp in played_steps]
         twins = [step_context(s.twin_ids, s.action_ids) for s, _ in played_steps]
