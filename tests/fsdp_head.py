@@ -10,6 +10,7 @@ copy taken before sharding). Then one sharded forward + backward + AdamW step: e
 writes OUT_DIR/rank{r}.pt.
 """
 import copy
+import faulthandler
 import sys
 from pathlib import Path
 
@@ -72,4 +73,5 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
+    faulthandler.enable()  # a rank that aborts prints every thread's Python stack
     main(sys.argv[1])

@@ -172,12 +172,27 @@ def test_a_model_without_a_linear_head_is_refused_with_a_clear_error():
         use_fp32_lm_head(NoHead())
 
 
+def first_rank_error(stderr: str) -> str:
+    """The first lines of a 2-rank run's stderr that say what went wrong on a rank (C++ aborts, Python errors)."""
+    keys = ("terminate called", "Fatal Python error", "Traceback", "Error", "Abort")
+    return "\n".join([line for line in stderr.splitlines() if any(k in line for k in keys)][:20])
+
+
 def test_under_fsdp_the_head_gathers_and_computes_in_fp32(tmp_path):
     """2 CPU processes (tests/fsdp_head.py): the head's own fp32 policy (tied: the root unit's), decoder layers bf16."""
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                           f"--master_port={free_port()}", str(ROOT / "tests" / "fsdp_head.py"), str(tmp_path)],
-                          cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    def launch():
+        return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                               f"--master_port={free_port()}", str(ROOT / "tests" / "fsdp_head.py"), str(tmp_path)],
+                              cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
+
+    proc = launch()
+    # Once in a full CI suite (never in 27 runs alone, idle or loaded) a rank died of SIGABRT inside gloo mid-run.
+    # When torchrun names a SIGABRT as the root cause (not a Python error, not a wrong result) the run gets one more
+    # launch; twice fails.
+    if proc.returncode != 0 and "(SIGABRT)" in proc.stderr.partition("Root Cause")[2]:
+        print("fsdp_head.py: a rank aborted (SIGABRT); launching again. First time:\n" + proc.stderr[-2000:])
+        proc = launch()
+    assert proc.returncode == 0, first_rank_error(proc.stderr) + "\n...\n" + proc.stderr[-3000:]
     for rank in range(2):
         results = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
         for (tie, head), r in results.items():
