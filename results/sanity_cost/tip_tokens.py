@@ -1,10 +1,13 @@
 """Tokens of a tip block per `rollout.tip_format`, over the 300 tips SmolLM2 wrote in the tip-usefulness run
 (results/comparison/tips/policy/memory.json), SmolLM2's tokenizer; blocks of 3 and 10 random tips (200 each).
+That memory dump is out of the tree (issue 42); without a restored copy the script reads it from commit 14e19a7.
 
     python results/sanity_cost/tip_tokens.py
 """
+import json
 import random
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,8 +17,16 @@ from memory import TipMemory, tip_block  # noqa: E402
 from infra.models import load_tokenizer, resolve_model_path  # noqa: E402
 
 tok = load_tokenizer(resolve_model_path("smollm2-135m-instruct"))
+DUMP, COMMIT = "results/comparison/tips/policy/memory.json", "14e19a7"
 memory = TipMemory()
-memory.load(str(ROOT / "results/comparison/tips/policy/memory.json"))
+if (ROOT / DUMP).exists():
+    memory.load(str(ROOT / DUMP))
+else:
+    text = subprocess.run(["git", "show", f"{COMMIT}:{DUMP}"], cwd=ROOT, capture_output=True, text=True)
+    if text.returncode != 0:
+        sys.exit(f"{DUMP} is not here and git cannot read it from {COMMIT}: {text.stderr.strip()}\n"
+                 f"(restore it: git checkout {COMMIT} -- {DUMP})")
+    memory.load_state_dict(json.loads(text.stdout))
 entries = [e for slot in memory.entries.values() for e in slot]
 
 
