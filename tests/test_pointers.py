@@ -1,6 +1,7 @@
 """Pointers that cannot go stale: every backticked project file (`rollout.py`, `engine/kvcache.py`) and every
 backticked `module.name` of a project module (`samples.build_samples`, `memory.TipMemory.visit`) named in
-README.md and docs/ exists. Read with ast, nothing imported, so it runs in well under a second."""
+README.md and docs/ exists, and so does every project name a results/ script imports or reads. Read with ast,
+nothing imported, so it runs in about a second."""
 import ast
 import re
 from pathlib import Path
@@ -97,3 +98,79 @@ def test_the_checker_sees_a_stale_pointer():
     assert broken_pointers("`samples.build_samples` and `rollout.py`", modules) == []
     assert broken_pointers("`rollout.build_samples`, `memory.TipMemory.nothing`, `tools/nowhere.py`", modules) == [
         "rollout.build_samples", "memory.TipMemory.nothing", "tools/nowhere.py"]
+
+
+# ---- results/ scripts: what they import from the project exists ----------------------------------------------------
+
+def exported(path: Path) -> set[str]:
+    """Names a module defines or imports at its top level (inside a top-level if/try too): what `from m import x`
+    and `m.x` can reach."""
+    found, todo = set(), list(ast.parse(path.read_text()).body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.If, ast.Try)):
+            todo += node.body + node.orelse + getattr(node, "finalbody", []) + [
+                n for handler in getattr(node, "handlers", []) for n in handler.body]
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            found |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.add(node.name)
+        elif isinstance(node, ast.Assign):
+            found |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            found.add(node.target.id)
+    return found
+
+
+def stale_imports(source: str, modules: dict[str, Path]) -> list[str]:
+    """Project names a script imports or reads (`from m import x`, `import m`, `m.x`) that the project lacks. A
+    module outside the project's current set (an older checkout's top-level `models`, which a script that measures
+    an old commit imports in its fallback branch) is not checked."""
+    packages = {name.split(".")[0] for name in modules if "." in name}
+    tree, bad, aliases = ast.parse(source), [], {}  # aliases: local name -> project module
+
+    def has(module: str, name: str) -> bool:
+        return f"{module}.{name}" in modules or name in exported(modules[module])
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module not in modules:
+                if node.module.split(".")[0] in packages:
+                    bad.append(node.module)
+                continue
+            for a in node.names:
+                if not has(node.module, a.name):
+                    bad.append(f"{node.module}.{a.name}")
+                elif f"{node.module}.{a.name}" in modules:
+                    aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name in modules:
+                    aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+                elif a.name.split(".")[0] in packages:
+                    bad.append(a.name)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+            module = aliases[node.value.id]
+            if module in modules and not has(module, node.attr):
+                bad.append(f"{module}.{node.attr}")
+    return sorted(set(bad))
+
+
+def test_results_scripts_import_what_the_project_has():
+    modules = project_modules()
+    scripts = sorted((ROOT / "results").rglob("*.py"))
+    assert len(scripts) >= 20  # the walk sees them
+    problems = {str(p.relative_to(ROOT)): stale_imports(p.read_text(), modules) for p in scripts}
+    assert not {script: bad for script, bad in problems.items() if bad}
+
+
+def test_the_import_checker_sees_a_stale_import():
+    modules = project_modules()
+    fine = ("import rollout\nfrom engine import generation\nfrom infra.models import load_policy\n"
+            "from rollout import generate\nrollout.pay_novelty\ngeneration.generate\n"
+            "try:\n    from models import load_policy\nexcept ImportError:\n    pass\n")
+    assert stale_imports(fine, modules) == []
+    stale = ("from advantages import intrinsic_return\nimport rollout as r\nr.nothing_here\n"
+             "from engine.nowhere import x\nfrom engine import nowhere\n")
+    assert stale_imports(stale, modules) == ["advantages.intrinsic_return", "engine.nowhere", "rollout.nothing_here"]

@@ -6,7 +6,8 @@ Plays GRPO groups of `--group` episodes of up to 30 steps with uniformly random 
 times per variation (novelty counts persist across rollouts, as in training), and reports per episode the
 extrinsic return and the novelty part of the advantage's return under
   before: counts updated while stepping (episode-index order) and summed over steps (coef 1);
-  after:  counts taken after the rollout (rollout.pay_novelty) and averaged over steps (intrinsic.aggregate: mean).
+  after:  counts taken after the rollout (rollout.pay_novelty), averaged over steps (the removed
+          `intrinsic.aggregate: mean`) and summed over steps (B_i as train.py takes it now).
 A random policy visits about as many new states as an early policy does, which is when the bonus matters most.
 """
 from __future__ import annotations
@@ -21,11 +22,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from config import IntrinsicConfig  # noqa: E402
 from envs.base import Task  # noqa: E402
 from envs.scienceworld import ScienceWorldConfig, ScienceWorldEnv  # noqa: E402
 from memory import TipMemory  # noqa: E402
-from advantages import intrinsic_return  # noqa: E402
 from rollout import Episode, pay_novelty  # noqa: E402
 
 
@@ -76,9 +75,8 @@ def main() -> None:
                 for i, ep in enumerate(episodes):
                     rows.append({"variation": variation, "rollout": rollout, "steps": len(reached[i]),
                                  "extrinsic_return": returns[i], "intrinsic_before_sum": float(sum(bonus_before[i])),
-                                 "intrinsic_after_mean": intrinsic_return(ep, IntrinsicConfig(coef=1.0)),
-                                 "intrinsic_after_sum": intrinsic_return(ep, IntrinsicConfig(coef=1.0,
-                                                                                             aggregate="sum"))})
+                                 "intrinsic_after_mean": float(np.mean(ep.intrinsic)) if ep.intrinsic else 0.0,
+                                 "intrinsic_after_sum": float(sum(ep.intrinsic))})  # B_i as train.py takes it
     finally:
         env.close()
     summary = {key: float(np.mean([r[key] for r in rows])) for key in

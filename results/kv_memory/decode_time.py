@@ -1,4 +1,5 @@
-"""Decode time with `rollout.kv_cache` static vs dynamic, on CPU (SmolLM2-135M fp32, one thread).
+"""Decode time with the static vs the dynamic KV cache (`engine.generation.generate(kv_cache=)`), on CPU
+(SmolLM2-135M fp32, one thread).
 
 6 rows whose ~1,400-token contexts are cached (`prefill`), then 32 greedy new tokens each; the two layouts are
 interleaved, `--repeats` times each, and the median wall time of the `generate` call is printed. Both must give the

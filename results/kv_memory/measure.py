@@ -13,6 +13,7 @@ copy of the commit before the change. Per call it prints the KV held by the epis
 batch cache at the end of the call (rows x longest context, padding included), and the peak above the model.
 """
 import argparse
+import functools
 import hashlib
 import os
 import re
@@ -95,8 +96,16 @@ def main() -> None:
     model.eval()
     chat = rollout.ChatStream(tokenizer)
     cfg = RolloutConfig(max_action_tokens=16, max_prompt_tokens=4096, tip_max_tokens=16, temperature=1.0)
-    if args.kv_cache:
-        cfg = dataclasses.replace(cfg, kv_cache=args.kv_cache)
+    # Which cache layout runs: the key rollout.kv_cache (its checkouts), else "static" always with the "dynamic" one
+    # an engine argument (since issue 42, engine/), else "dynamic" only (before the static cache existed).
+    if "kv_cache" in {f.name for f in dataclasses.fields(cfg)}:
+        cfg = dataclasses.replace(cfg, kv_cache=args.kv_cache or cfg.kv_cache)
+        kind = cfg.kv_cache
+    elif (Path(args.code) / "engine").is_dir():
+        kind = args.kv_cache or "static"
+        rollout.generate = functools.partial(rollout.generate, kv_cache=kind)
+    else:
+        kind = "dynamic (the only one)"
     rollout.generate(model, chat.pad_id, chat.eos_id, [chat.first_turn("Hi")], max_new_tokens=2, temperature=0.0)
     baseline = status()["VmRSS"]  # the model, warmed up
 
@@ -137,7 +146,7 @@ def main() -> None:
     rollout.write_tips(model, chat, episodes, memory, cfg)
 
     mb = lambda b: f"{b / 2**20:7.1f}"  # noqa: E731
-    print(f"code: {args.code}  kv_cache: {getattr(cfg, 'kv_cache', 'dynamic (the only one)')}")
+    print(f"code: {args.code}  kv_cache: {kind}")
     print(f"model alone (resident, warmed up): {baseline / 2**20:.0f} MiB; "
           f"episode streams at the end: {sorted(len(ep.ids) for ep in episodes)} tokens")
     print("MiB above the model. KV in / out: the call's rows' caches before / after it; batch: rows x (longest\n"

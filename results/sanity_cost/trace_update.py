@@ -1,4 +1,4 @@
-"""train.py with every update micro-batch printed: (tokens, steps, branch-packed?, action tokens) and its forward time.
+r"""train.py with every update micro-batch printed: (tokens, steps, branch-packed?, action tokens) and its forward time.
 
     python results/sanity_cost/trace_update.py --config configs/sanity_empo2.yaml [overrides] | grep -a "START\|MICRO"
 
