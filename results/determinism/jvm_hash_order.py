@@ -7,10 +7,13 @@ the repository root:
     python results/determinism/jvm_hash_order.py        # ~5 min on 2 cores
 """
 import hashlib
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
-from envs.scienceworld.jvm import start_jvm
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: the project's modules
+from envs.scienceworld.jvm import start_jvm  # noqa: E402
 
 TASKS = [("find-living-thing", 0), ("chemistry-mix", 1), ("power-component", 2), ("use-thermometer", 0)]
 

@@ -9,15 +9,17 @@ of the Java processes. Writes summary.json next to this file. Usage, from the re
 import argparse
 import json
 import os
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
 
-from config import EnvConfig
-from envs import make_env_pool
-from envs.base import Task
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: the project's modules
+from config import EnvConfig  # noqa: E402
+from envs import make_env_pool  # noqa: E402
+from envs.base import Task  # noqa: E402
 
 
 def java_rss_mb() -> tuple[int, float]:
