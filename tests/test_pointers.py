@@ -165,6 +165,23 @@ def test_results_scripts_import_what_the_project_has():
     assert not {script: bad for script, bad in problems.items() if bad}
 
 
+def test_results_scripts_find_the_project():
+    """`python results/<folder>/<script>.py` puts the script's folder, not the repository, on sys.path: a script that
+    imports the project inserts the root itself or documents `PYTHONPATH=.` in its usage line."""
+    modules = project_modules()
+    lost = []
+    for path in sorted((ROOT / "results").rglob("*.py")):
+        text = path.read_text()
+        imports_project = any(
+            isinstance(node, (ast.Import, ast.ImportFrom)) and not getattr(node, "level", 0)
+            and ((node.module or "") if isinstance(node, ast.ImportFrom) else node.names[0].name).split(".")[0]
+            in {name.split(".")[0] for name in modules}
+            for node in ast.walk(ast.parse(text)))
+        if imports_project and "sys.path.insert" not in text and "PYTHONPATH=." not in text:
+            lost.append(str(path.relative_to(ROOT)))
+    assert not lost
+
+
 def test_the_import_checker_sees_a_stale_import():
     modules = project_modules()
     fine = ("import rollout\nfrom engine import generation\nfrom infra.models import load_policy\n"
