@@ -130,6 +130,12 @@ def _check_fsdp(model_cfg) -> Launch:
 def make_accelerator():
     from accelerate import Accelerator
 
+    # torch.distributed.nn's functions take `group=group.WORLD` as a default argument, evaluated when the module is
+    # first imported (loading a model imports it). Imported after the process group exists, ten defaults would hold
+    # the group for good: destroy_process_group could not free it, and gloo's threads would live into interpreter
+    # shutdown (end_process_group). Imported first, the defaults are None.
+    import torch.distributed.nn  # noqa: F401
+
     # Under torchrun on a machine without a GPU a plain Accelerator() gives independent single-process runs;
     # cpu=True gives a real gloo process group (docs/performance.md, "several processes on CPU"). Mixed precision
     # is ours to apply (check_launch), so the Accelerator is told "no" whatever the launcher said.
