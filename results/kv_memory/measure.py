@@ -96,8 +96,8 @@ def main() -> None:
     model.eval()
     chat = rollout.ChatStream(tokenizer)
     cfg = RolloutConfig(max_action_tokens=16, max_prompt_tokens=4096, tip_max_tokens=16, temperature=1.0)
-    # Which cache layout runs: the key rollout.kv_cache (its checkouts), else "static" always with the "dynamic" one
-    # an engine argument (since issue 42, engine/), else "dynamic" only (before the static cache existed).
+    # Which cache layout runs. Checkouts with the key rollout.kv_cache: the key. Since its removal: "static", or
+    # --kv-cache dynamic passed to the engine as an argument. Before the static cache existed: "dynamic" only.
     if "kv_cache" in {f.name for f in dataclasses.fields(cfg)}:
         cfg = dataclasses.replace(cfg, kv_cache=args.kv_cache or cfg.kv_cache)
         kind = cfg.kv_cache
