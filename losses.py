@@ -232,8 +232,7 @@ def compute_old_logprobs(model, samples, pad_id: int, device, micro_batch_size: 
     Returns (pad positions, all positions) of its forward passes."""
     model.eval()
     # One forward unit per old context: (sample index, part index, ids, mask); most samples have one part.
-    units = [(i, k, ids, mask) for i, s in enumerate(samples) if not s.old_logp
-             for k, (ids, mask) in enumerate((c.ids, c.mask) for c in s.old)]
+    units = [(i, k, c.ids, c.mask) for i, s in enumerate(samples) if not s.old_logp for k, c in enumerate(s.old)]
     if not units:
         return 0, 0
     lengths = [len(u[2]) for u in units]
