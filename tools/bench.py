@@ -387,7 +387,7 @@ def iteration_parts(model, chat, envs, tasks, cfg, long_cfg) -> None:
 
 def mode_iteration(model, chat, envs, tasks, cfg, mode, memory, optimizer, accelerator, seed) -> dict:
     """One iteration as train.py runs it: rollout, tips, advantages, samples, old log-probs, update (seconds each)."""
-    from train import update
+    from train import make_samples, update
 
     seeds = [seed * 1000 + j for j in range(len(tasks))]
     model.eval()
@@ -400,7 +400,7 @@ def mode_iteration(model, chat, envs, tasks, cfg, mode, memory, optimizer, accel
     t2 = clock()
     advantages = group_advantages([ep.extrinsic_return for ep in episodes], [ep.group for ep in episodes])
     advantages = [a if a else 1.0 for a in advantages]  # a non-zero loss even when every return is equal
-    samples = build_samples(episodes, advantages, off_policy_old_logp=cfg.loss.off_policy_old_logp)
+    samples = make_samples(episodes, advantages, cfg, model)
     recompute_tokens = sum(len(c.ids) for s in samples for c in s.old)  # what recomputing every old log-prob encodes
     _, old_tokens = compute_old_logprobs(model, samples, chat.pad_id, device_of(model), cfg.train.micro_batch_size)
     t3 = clock()
