@@ -48,7 +48,6 @@ REMOVED = {
     "intrinsic.combine": "the novelty bonus always enters as the advantage tie-breaker (advantages.py)",
     "intrinsic.aggregate": "the novelty bonus B_i is always the sum over steps",
     "loss.old_logp_source": "old log-probs are always those recorded while sampling, where the context was played",
-    "loss.aggregation": "each step always weighs 1 (the reference's aggregation)",
     "loss.advantage_eps": "A = (R - mean) / (std + 1e-6), as the reference",
     "train.branch_packing": "branch packing is on wherever the attention supports it (engine/branches.py)",
     "env.scienceworld.fixed_hash_order": "the JVM always runs with -XX:hashCode=2 (envs/scienceworld/jvm.py)",
@@ -163,9 +162,14 @@ class IntrinsicConfig:
 
 @dataclass
 class LossConfig:
+    # The paper's reference (ScienceWorld) values; WebShop configs use verl-agent's trainer defaults 0.2 / 0.2 / 3.0.
     clip_low: float = 0.2  # ratio clipped below at 1 - clip_low (paper Eq. 1)
     clip_high: float = 0.3  # ratio clipped above at 1 + clip_high (asymmetric clip)
     dual_clip: float = 10.0  # negative-advantage loss capped at -A * dual_clip
+    entropy_coef: float = 0.0  # - entropy_coef x entropy per action token (verl's entropy_coeff; verl-agent: 0.001)
+    # How action tokens weigh: "step" = each step's token mean, every step weighs 1 (the reference's
+    # seq-mean-token-mean over step samples); "token" = every action token weighs 1 (verl-agent's token-mean, WebShop).
+    aggregation: str = "step"
     # Off-policy old log-prob context: "with_tips" (paper Table 3, reference release) or
     # "without_tips" (paper Algorithm 1 line 27).
     off_policy_old_logp: str = "with_tips"
@@ -245,6 +249,7 @@ class Config:
             "loss.advantage": (self.loss.advantage, {"grpo", "gigpo"}),
             "loss.gigpo_episode_stats": (self.loss.gigpo_episode_stats, {"step", "episode"}),
             "loss.kl_estimator": (self.loss.kl_estimator, {"low_var_kl", "k1", "k2"}),
+            "loss.aggregation": (self.loss.aggregation, {"step", "token"}),
         }
         for key, (value, allowed) in choices.items():
             if value not in allowed:
@@ -252,6 +257,8 @@ class Config:
         if not 0 <= self.intrinsic.coef < 1:  # a tie-breaker only
             raise ConfigError(f"intrinsic.coef must be in [0, 1) (at 1 the novelty term could reach the gap between "
                               f"two scores), got {self.intrinsic.coef}")
+        if self.loss.entropy_coef < 0:  # a negative coefficient would push the policy towards determinism
+            raise ConfigError(f"loss.entropy_coef must be >= 0 (0 = no entropy bonus), got {self.loss.entropy_coef}")
         if self.loss.kl_coef < 0:  # a negative coefficient would reward moving away from the reference
             raise ConfigError(f"loss.kl_coef must be >= 0 (0 = no KL term), got {self.loss.kl_coef}")
         if self.model.init_adapter and not self.model.lora:

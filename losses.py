@@ -5,9 +5,11 @@ Paper map (arXiv 2602.23008; the equations are written out in docs/algorithm.md)
 * `clipped_policy_loss` - Eq. 1 with the reference's clip values: ratio = exp(logp - old_logp), asymmetric clip
                           [1 - 0.2, 1 + 0.3], dual clip c = 10 for negative advantages; Eq. 2's low-probability
                           token mask (drop tokens whose current probability is below delta, log delta = -5) for
-                          the modes it is configured for (default: off-policy only); no entropy term; + kl_coef x
-                          KL(pi || pi_ref) as verl-agent (`reference_kl`, WebShop; 0 for ScienceWorld as the paper).
-* `action_logprobs`     - log pi(a_t | context) of action tokens only, in fp32, + the entropy (a metric, no grad).
+                          the modes it is configured for (default: off-policy only); + kl_coef x KL(pi || pi_ref)
+                          and - entropy_coef x entropy as verl-agent (`reference_kl`; WebShop: 0.01 and 0.001, with
+                          its clip 0.2 / 0.2 and c = 3; ScienceWorld: both 0, as the paper's recipe).
+* `action_logprobs`     - log pi(a_t | context) of action tokens only, in fp32, + the entropy (a metric, or with
+                          grad for the entropy bonus, `Entropy`: no second [N, V] tensor kept for backward).
 * `sequence_action_logprobs`, `compute_old_logprobs`, `samples_loss` - the model-facing side: one forward pass
                           over right-padded sequences whose LM head sees only each row's own action positions
                           (a [sum of action tokens, V] logit tensor), the old log-probs once per iteration,
@@ -21,7 +23,8 @@ sum(w * keep * l) / N over the whole mini-batch on all ranks, N the units `train
 (samples.minibatch_normaliser). w = 1 / len(its action), the reference's: each step's tokens are averaged and every
 step weighs 1 / minibatch_steps (verl's seq-mean-token-mean with one step per sample), so a packed full-history
 episode, one sequence for speed, weighs each step exactly as its own step sample would (docs/decisions.md, "Loss
-weights"). The low-probability indicator of Eq. 2 multiplies the term; the 1/len normaliser stays.
+weights"). The low-probability indicator of Eq. 2 multiplies the term; the 1/len normaliser stays. WebShop trains
+with `loss.aggregation: token` (verl-agent's token-mean): w = 1, every action token weighs the same.
 """
 from __future__ import annotations
 
@@ -33,23 +36,51 @@ import torch.nn.functional as F
 from engine.branches import branch_inputs
 
 
-def action_logprobs(logits: torch.Tensor, targets: torch.Tensor, entropy_chunk: int = 256
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def action_logprobs(logits: torch.Tensor, targets: torch.Tensor, entropy_chunk: int = 256,
+                    entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """logits: [..., V] at the positions that predict the target tokens ([N, V] or [B, K, V]); targets: [...] ids.
 
     Returns (logp [...], entropy [...]) in fp32: the logits are cast to fp32 before the log-softmax (bf16 logits
     would make ratios noisy). logp carries the gradient; its log-softmax output is the one [..., V] tensor that
-    backward keeps. The entropy is only a metric: computed without autograd (`entropy_metric`), it adds nothing
-    that backward keeps and no tensor larger than [entropy_chunk, V].
+    backward keeps. The entropy is a metric without autograd (`entropy_metric`), or with entropy_grad (the bonus of
+    `loss.entropy_coef`) a function of that same saved tensor (`Entropy`); either way it adds nothing that backward
+    keeps and no tensor larger than [entropy_chunk, V].
     """
-    return gathered_logprobs(F.log_softmax(logits, dim=-1, dtype=torch.float32), targets, entropy_chunk)
+    return gathered_logprobs(F.log_softmax(logits, dim=-1, dtype=torch.float32), targets, entropy_chunk, entropy_grad)
 
 
-def gathered_logprobs(log_probs: torch.Tensor, targets: torch.Tensor, entropy_chunk: int = 256
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 log-softmax output [..., V] and target ids [...] -> (logp [...] with grad, entropy [...] without)."""
+def gathered_logprobs(log_probs: torch.Tensor, targets: torch.Tensor, entropy_chunk: int = 256,
+                      entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 log-softmax output [..., V] and target ids [...] -> (logp [...] with grad, entropy [...]: with grad
+    when entropy_grad, else a metric without)."""
     logp = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    if entropy_grad and log_probs.requires_grad:
+        return logp, Entropy.apply(log_probs, entropy_chunk)
     return logp, entropy_metric(log_probs, entropy_chunk)
+
+
+class Entropy(torch.autograd.Function):
+    """H = -sum_v p_v l_v of fp32 log-probs l [..., V] -> [...], differentiable without a second [..., V] tensor
+    kept for backward: it saves l itself, which the log-softmax's backward keeps anyway (the same storage), and
+    computes dH/dl_v = -p_v (l_v + 1) from it in backward, `chunk` rows at a time. Through the log-softmax this is
+    dH/dz_v = -p_v (log p_v + H), the entropy's gradient in the logits z (verl's entropy_from_logits, with grad)."""
+
+    @staticmethod
+    def forward(ctx, log_probs: torch.Tensor, chunk: int) -> torch.Tensor:
+        ctx.save_for_backward(log_probs)
+        ctx.chunk = chunk
+        return entropy_metric(log_probs, chunk)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        (log_probs,) = ctx.saved_tensors
+        flat = log_probs.reshape(-1, log_probs.shape[-1])
+        g = grad_out.reshape(-1, 1)
+        grad = torch.empty_like(flat)
+        for start in range(0, flat.shape[0], ctx.chunk):
+            block = flat[start : start + ctx.chunk]
+            grad[start : start + ctx.chunk] = -(block.exp() * (block + 1.0)) * g[start : start + ctx.chunk]
+        return grad.reshape(log_probs.shape), None
 
 
 @torch.no_grad()
@@ -89,6 +120,7 @@ def clipped_policy_loss(
     lowprob_mask: str = "none",
     lowprob_logp_threshold: float = -5.0,
     entropy: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
     token_weights: torch.Tensor | None = None,
     normaliser: float | None = None,
     ref_logp: torch.Tensor | None = None,
@@ -103,7 +135,10 @@ def clipped_policy_loss(
     action_mask:   [S, T] 1 on real action tokens, 0 on padding
     lowprob_mask:  "none" | "token" (paper Eq. 2: drop tokens with logp.detach() < threshold)
                    | "sequence" (reference: drop a whole sample if any old log-prob < threshold)
-    entropy:       [S, T] optional, only for the metric
+    entropy:       [S, T] optional: the metric, and with entropy_coef the bonus (it must then carry the gradient,
+                   `gathered_logprobs(entropy_grad=True)`)
+    entropy_coef:  - entropy_coef x entropy, the same weights, over every action token (verl's entropy_coeff;
+                   verl-agent's default 0.001, used by the WebShop configs; 0 in the paper's ScienceWorld recipe)
     token_weights: [S, T] each token's weight w (`loss_weights`); default 1 / (action tokens of its sample)
     normaliser:    what the weighted sum is divided by (samples.minibatch_normaliser); default S
     ref_logp:      [S, T] reference-policy log-probs (no grad): + kl_coef x KL(pi || pi_ref), the same weights,
@@ -139,6 +174,11 @@ def clipped_policy_loss(
     kl = None if ref_logp is None else reference_kl(logp, ref_logp, kl_estimator) * action_mask
     if kl is not None and kl_coef:
         loss = loss + kl_coef * (kl * token_weights).sum() / max(normaliser, 1e-12)
+    if entropy_coef:  # verl: policy_loss = pg_loss - entropy_coeff * entropy_loss, over every response token
+        if entropy is None or (logp.requires_grad and not entropy.requires_grad):  # a detached bonus: no gradient
+            raise ValueError("entropy_coef > 0 needs the entropy with its gradient "
+                             "(gathered_logprobs(entropy_grad=True))")
+        loss = loss - entropy_coef * (entropy * action_mask * token_weights).sum() / max(normaliser, 1e-12)
 
     with torch.no_grad():
         n_tokens = action_mask.sum().clamp(min=1.0)
@@ -167,7 +207,8 @@ def clipped_policy_loss(
 
 
 def sequence_action_logprobs(model, seqs: list[list[int]], masks: list[list[int]], pad_id: int, device,
-                             layouts: list | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+                             layouts: list | None = None, entropy_grad: bool = False
+                             ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Log-probs (and entropies) of the action tokens of each sequence, in ONE forward pass (right padding).
 
     seqs[i]: token ids; masks[i]: 1 on action tokens. The decoder runs once over the padded [B, W] batch; the LM
@@ -176,7 +217,7 @@ def sequence_action_logprobs(model, seqs: list[list[int]], masks: list[list[int]
     logit tensor is [sum_i n_i, V], not [B, W, V] nor [B, K_union, V] (rows whose actions sit at different places
     would each pay for the union of all rows' action positions). The call goes through the whole model, so peft,
     autocast and FSDP (the LM head belongs to the root unit) see an ordinary forward. Log-probs are fp32 and
-    carry the gradient; the entropies are a metric without grad (`action_logprobs`).
+    carry the gradient; the entropies are a metric without grad, or with entropy_grad carry it (`action_logprobs`).
     Returns ([n_actions_i] log-probs per sequence, [n_actions_i] entropies per sequence); a first token marked
     as an action is not scored (nothing predicts it). layouts[i]: an engine.branches.BranchPacked (None: plain causal)."""
     width = max(len(s) for s in seqs)
@@ -200,7 +241,7 @@ def sequence_action_logprobs(model, seqs: list[list[int]], masks: list[list[int]
         raise RuntimeError(f"the model returned logits of shape {tuple(log_probs.shape)} for a boolean [B, W] "
                            f"logits_to_keep with {sum(counts)} True entries; sequence_action_logprobs needs a "
                            f"causal LM whose forward slices with transformers' slice_logits_to_keep")
-    logp, entropy = gathered_logprobs(log_probs, targets.to(log_probs.device))  # [N] each
+    logp, entropy = gathered_logprobs(log_probs, targets.to(log_probs.device), entropy_grad=entropy_grad)  # [N] each
     return list(logp.split(counts)), list(entropy.split(counts))
 
 
@@ -285,7 +326,8 @@ def samples_loss(model, micro, pad_id: int, device, loss_cfg, lowprob_mask: str,
     loss_cfg: config.LossConfig (clip values, low-probability threshold); lowprob_mask: the mask for this
     iteration's mode ("none" unless the mode is in `loss.lowprob_mask_modes`)."""
     logps, entropies = sequence_action_logprobs(model, [s.ids for s in micro], [s.mask for s in micro], pad_id,
-                                                device, [s.branches for s in micro])
+                                                device, [s.branches for s in micro],
+                                                entropy_grad=loss_cfg.entropy_coef > 0)
     return clipped_policy_loss(
         pad_rows(logps, device),  # [S, T]
         pad_rows([torch.tensor(s.old_logp) for s in micro], device),
@@ -293,7 +335,7 @@ def samples_loss(model, micro, pad_id: int, device, loss_cfg, lowprob_mask: str,
         pad_rows([torch.ones(len(s.advantages)) for s in micro], device),
         clip_low=loss_cfg.clip_low, clip_high=loss_cfg.clip_high, dual_clip=loss_cfg.dual_clip,
         lowprob_mask=lowprob_mask, lowprob_logp_threshold=loss_cfg.lowprob_logp_threshold,
-        entropy=pad_rows(entropies, device).detach(),
+        entropy=pad_rows(entropies, device), entropy_coef=loss_cfg.entropy_coef,
         token_weights=pad_rows([torch.tensor(s.weights, dtype=torch.float32) for s in micro], device),
         normaliser=normaliser, kl_coef=loss_cfg.kl_coef, kl_estimator=loss_cfg.kl_estimator,
         ref_logp=pad_rows([torch.tensor(s.ref_logp) for s in micro], device) if all(s.ref_logp for s in micro)

@@ -120,8 +120,9 @@ def build_samples(episodes: list, advantages: list, *, off_policy_old_logp: str 
     per-step samples only). branch_packing: a current-turn on-policy episode's per-step samples become ONE
     `branch_packed` sample (the same loss and gradient; off only where the attention cannot take a 4-D mask).
     Every sample whose old contexts were played gets the log-probs recorded while sampling as its `old_logp`; the
-    rest (off-policy "without_tips") are left to losses.compute_old_logprobs. Test paths: aggregation ("step",
-    "episode", "token": `loss_weights`) and old_logp_source="recompute" (leave every old_logp to the forward)."""
+    rest (off-policy "without_tips") are left to losses.compute_old_logprobs. aggregation: `loss.aggregation`
+    ("step" or "token"; "episode" is a test path, `loss_weights`). Test path: old_logp_source="recompute" (leave
+    every old_logp to the forward)."""
     samples = []
     for ep, adv in zip(episodes, advantages):
         per_step = iter([a for s, a in zip(ep.steps, adv) if s.action_ids] if isinstance(adv, list) else [])
@@ -204,11 +205,11 @@ def action_runs(mask: list[int]) -> list[int]:
 def loss_weights(mask: list[int], aggregation: str = "step", episode_tokens: int = 0) -> list[float]:
     """One loss weight per action token of a sequence (in order); a mini-batch's loss is sum(w * l) / N.
 
-    "step" (the reference, what training uses): 1 / len(its action), so every step weighs 1 whatever its length
+    "step" (the reference, ScienceWorld): 1 / len(its action), so every step weighs 1 whatever its length
         and however it is packed: a packed episode contributes exactly what its per-step samples would (verl's
         seq-mean-token-mean with one step per sample);
-    "episode" (test path): 1 / episode_tokens (the action tokens of the whole episode): every episode weighs 1;
-    "token" (test path): 1, every action token weighs the same (verl's token-mean)."""
+    "token" (verl-agent's token-mean, WebShop): 1, every action token weighs the same;
+    "episode" (test path): 1 / episode_tokens (the action tokens of the whole episode): every episode weighs 1."""
     runs = action_runs(mask)
     if aggregation == "step":
         return [1.0 / n for n in runs for _ in range(n)]

@@ -242,7 +242,7 @@ def make_samples(played, advantages, cfg: Config, model) -> list[Sample]:
     """samples.build_samples: the contexts each mode learns in (Table 3), every token's weight; a current-turn
     episode's steps branch-packed into one sequence wherever the attention takes a 4-D mask."""
     return build_samples(played, advantages, off_policy_old_logp=cfg.loss.off_policy_old_logp,
-                         branch_packing=branches_supported(model))
+                         branch_packing=branches_supported(model), aggregation=cfg.loss.aggregation)
 
 
 def old_logprobs(model, reference, samples, pad_id: int, cfg: Config, accelerator) -> dict:

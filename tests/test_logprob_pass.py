@@ -123,3 +123,22 @@ def test_bf16_model_gives_fp32_logprobs_of_its_own_logits():
         # bf16 matmuls of [16, H] and [5, 19, H] inputs may round differently: compare at bf16 logit precision
         torch.testing.assert_close(got, want, rtol=0, atol=0.1)
         torch.testing.assert_close(ent, ref_ent, rtol=0, atol=0.1)
+
+
+def test_entropy_with_grad_equals_full_logits_entropy_gradients():
+    """entropy_grad=True (the bonus of loss.entropy_coef): the entropies' parameter gradients equal those of the
+    full-logits entropy -sum p log p through plain autograd; the log-probs are unchanged."""
+    model = tiny_model(peft=True)
+    seqs, masks = batch()
+    params = [p for p in model.parameters() if p.requires_grad]
+    logps, entropies = sequence_action_logprobs(model, seqs, masks, PAD, "cpu", entropy_grad=True)
+    assert all(e.requires_grad for e in entropies if len(e))
+    grads = torch.autograd.grad(weighted_sum(entropies), params)
+    ref_logps, ref_entropies = reference(model, seqs, masks)
+    ref_grads = torch.autograd.grad(weighted_sum(ref_entropies), params)
+    for got, want, ent, ref_ent in zip(logps, ref_logps, entropies, ref_entropies):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+        torch.testing.assert_close(ent, ref_ent, rtol=0, atol=1e-5)
+    assert any(g.abs().max() > 0 for g in grads)
+    for name, g, ref_g in zip([n for n, p in model.named_parameters() if p.requires_grad], grads, ref_grads):
+        torch.testing.assert_close(g, ref_g, rtol=1e-4, atol=1e-6, msg=lambda m: f"{name}: {m}")

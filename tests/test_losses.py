@@ -133,6 +133,78 @@ def test_action_logprobs_values():
     assert entropy.item() == pytest.approx(-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)))
 
 
+def entropy_case():
+    """Logits [5, 7] (fp32), targets, advantages of both signs, old log-probs around the clip band, token weights."""
+    gen = torch.Generator().manual_seed(3)
+    logits = (2 * torch.randn(5, 7, generator=gen)).requires_grad_()
+    targets = torch.randint(0, 7, (5,), generator=gen)
+    adv = torch.tensor([1.0, -2.0, 0.5, -0.5, 3.0])
+    shift = torch.tensor([0.0, 0.3, -0.4, 0.1, -0.05])
+    weights = torch.tensor([0.5, 0.5, 1.0, 1 / 3, 1 / 3])
+    return logits, targets, adv, shift, weights
+
+
+def test_entropy_bonus_gradient_equals_a_hand_written_reference():
+    """loss.entropy_coef: the loss's gradient in the logits equals a hand-written reference: the surrogate plus
+    - coef x sum_t w_t H_t / N with H = -sum_v softmax(z) log_softmax(z) through plain autograd, and its closed
+    form dH/dz = -p (log p + H). A flipped sign or a detached entropy fails it."""
+    logits, targets, adv, shift, weights = entropy_case()
+    coef, normaliser = 0.5, 2.0
+
+    def surrogate(logp, entropy, entropy_coef):
+        old = (logp.detach() + shift)[None]
+        return clipped_policy_loss(logp[None], old, adv[None], torch.ones(1, 5), clip_low=0.2, clip_high=0.2,
+                                   dual_clip=3.0, entropy=entropy[None], entropy_coef=entropy_coef,
+                                   token_weights=weights[None], normaliser=normaliser)[0]
+
+    logp, entropy = action_logprobs(logits, targets, entropy_grad=True)
+    (grad,) = torch.autograd.grad(surrogate(logp, entropy, coef), logits)
+
+    log_p = torch.log_softmax(logits, -1)
+    hand_entropy = -(log_p.exp() * log_p).sum(-1)
+    torch.testing.assert_close(entropy, hand_entropy, rtol=0, atol=1e-6)
+    reference = surrogate(log_p.gather(-1, targets[:, None])[:, 0], hand_entropy.detach(), 0.0) \
+        - coef * (weights * hand_entropy).sum() / normaliser
+    (ref_grad,) = torch.autograd.grad(reference, logits)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-5, atol=1e-6)
+
+    # the entropy's own gradient in closed form, and that it is a real part of the loss's gradient
+    (h_grad,) = torch.autograd.grad(action_logprobs(logits, targets, entropy_grad=True)[1].sum(), logits)
+    p = log_p.exp().detach()
+    torch.testing.assert_close(h_grad, -p * (log_p.detach() + hand_entropy.detach()[:, None]), rtol=1e-5, atol=1e-6)
+    (no_bonus,) = torch.autograd.grad(surrogate(*action_logprobs(logits, targets), 0.0), logits)
+    assert (grad - no_bonus).abs().max() > 0.05
+
+
+def test_entropy_bonus_refuses_a_detached_entropy():
+    logits, targets, adv, _, weights = entropy_case()
+    logp, entropy = action_logprobs(logits, targets)  # the metric: no gradient
+    with pytest.raises(ValueError, match="entropy_coef > 0 needs the entropy with its gradient"):
+        clipped_policy_loss(logp[None], logp.detach()[None], adv[None], torch.ones(1, 5), entropy=entropy[None],
+                            entropy_coef=0.001)
+
+
+def test_entropy_bonus_keeps_no_extra_vocabulary_sized_tensor_for_backward():
+    """What autograd saves for backward, with and without the entropy's gradient: the same storages (the bonus
+    reuses the log-softmax output the log-softmax's backward keeps anyway), so no second [N, V] tensor."""
+    logits = torch.randn(64, 1000, requires_grad=True)
+    targets = torch.randint(0, 1000, (64,))
+
+    def saved(entropy_grad):
+        storages = {}
+
+        def pack(t):
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            action_logprobs(logits, targets, entropy_grad=entropy_grad)
+        return storages
+
+    with_grad, without = saved(True), saved(False)
+    assert sum(with_grad.values()) == sum(without.values()) >= 64 * 1000 * 4  # the one [N, V] fp32 log-softmax
+
+
 def test_nonfinite_inputs_are_detectable():
     loss, _ = clipped_policy_loss(torch.tensor([[float("nan")]]), torch.zeros(1, 1), torch.ones(1, 1),
                                   torch.ones(1, 1))

@@ -181,9 +181,9 @@ def test_a_checkpoint_with_a_key_the_code_has_removed_is_refused_by_name(tmp_pat
     folder.mkdir()
     (folder / "state.json").write_text(json.dumps({"iteration": 1, "world_size": 1}))
     old = to_dict(Config())
-    old["loss"]["aggregation"] = "step"  # written by a commit that still had the key
+    old["loss"]["advantage_eps"] = 1e-6  # written by a commit that still had the key
     (folder / "config.json").write_text(json.dumps(old))
-    with pytest.raises(ConfigError, match=r"loss\.aggregation \(each step always weighs 1"):
+    with pytest.raises(ConfigError, match=r"loss\.advantage_eps \(A = \(R - mean\) / \(std \+ 1e-6\)"):
         check_resume(folder, to_dict(Config()), world_size=1)
 
 
