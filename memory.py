@@ -26,15 +26,17 @@ reference: "<tip>; At that timestep, the specific action your took was <a_i>; Ev
   sentence: retrieval then keeps the best entry per distinct sentence before taking the top k.
 
 Novelty (intrinsic reward, paper §4.2). `visit(key, observation)` counts a visit; `visit_count` gives n = the
-number of visits so far of a similar state, and the rollout pays r_int = 1/n (1 for a new state) once all of its
-visits are counted (rollout.pay_novelty). "Similar" is explicit: two observations are the same state when their
-text is equal after lower-casing and collapsing whitespace (`state_key`). Counts are per task key and persist for
-the run. (The reference reuses the tip retrieval count, 1/(retrieved + 1), which saturates at 1/11.)
+number of visits so far of a similar state, and r_int = 1/n (1 for a new state) is paid once the visits of the
+whole iteration, on every rank, are counted (rollout.pay_novelty). "Similar" is explicit: two observations are the
+same state when their text is equal after lower-casing and collapsing whitespace (`state_key`). Counts are per
+task key and persist for the run. (The reference reuses the tip retrieval count, 1/(retrieved + 1), which
+saturates at 1/11.)
 
 Several processes. Tips are written at the end of an iteration into a pending list; `sync(gather)` exchanges
-every rank's pending tips and visits (e.g. with accelerate's gather_object) and applies all tips in rank order,
-so all ranks end each iteration with identical memory. Visits count locally after the rollout (so a rank sees
-its own new states at once) and the other ranks' visits are added at sync; counts commute, so they agree too.
+every rank's pending tips (e.g. with accelerate's gather_object) and applies them in rank order, so all ranks end
+each iteration with identical memory. Visits are exchanged earlier, right after the rollout and before any bonus
+is paid (rollout.pay_novelty gathers every rank's visits and counts them all), so the counts are identical on all
+ranks and a bonus does not depend on how many ranks played the iteration.
 """
 from __future__ import annotations
 
@@ -193,7 +195,6 @@ class TipMemory:
         self.ranked: dict[tuple[str, str], list[TipEntry]] = {}
         self.visits: dict[str, Counter] = {}
         self.pending_tips: list[tuple[str, TipEntry]] = []
-        self.pending_visits: list[tuple[str, str]] = []
 
     @classmethod
     def from_config(cls, memory_config) -> "TipMemory":
@@ -261,7 +262,6 @@ class TipMemory:
         state = state_key(observation)
         counts = self.visits.setdefault(key, Counter())
         counts[state] += 1
-        self.pending_visits.append((key, state))
         return counts[state]
 
     def visit_count(self, key: str, observation: str) -> int:
@@ -269,22 +269,18 @@ class TipMemory:
         return self.visits.get(key, Counter())[state_key(observation)]
 
     # ------------------------------------------------------------------ multi-process
-    def sync(self, gather: Callable[[object], list] | None = None, rank: int = 0) -> int:
-        """Apply this iteration's staged tips of all ranks (rank order) and the other ranks' visits.
+    def sync(self, gather: Callable[[object], list] | None = None) -> int:
+        """Apply this iteration's staged tips of all ranks, in rank order.
 
         gather(obj) must return the list of every rank's obj in rank order (None = single process).
         Returns the number of new entries inserted.
         """
-        mine = (self.pending_tips, self.pending_visits)
-        everyone = gather(mine) if gather is not None else [mine]
+        everyone = gather(self.pending_tips) if gather is not None else [self.pending_tips]
         added = 0
-        for source, (tips, visits) in enumerate(everyone):
+        for tips in everyone:
             for key, entry in tips:
                 added += self.add(key, TipEntry(*entry) if not isinstance(entry, TipEntry) else entry)
-            if source != rank:
-                for key, state in visits:
-                    self.visits.setdefault(key, Counter())[state] += 1
-        self.pending_tips, self.pending_visits = [], []
+        self.pending_tips = []
         return added
 
     # ------------------------------------------------------------------ persistence
@@ -301,7 +297,7 @@ class TipMemory:
             for item in items:
                 self.add(key, TipEntry(**item))
         self.visits = {key: Counter(counts) for key, counts in state["visits"].items()}
-        self.pending_tips, self.pending_visits = [], []
+        self.pending_tips = []
 
     def save(self, path: str) -> None:
         tmp = f"{path}.tmp"

@@ -12,7 +12,8 @@ One iteration's rollout (docs/algorithm.md):
 * a task whose first message leaves no room for its episode stops the run (`check_prompt_budget`, `check_first_turn`);
 * after every training episode the policy writes a one-sentence tip (`write_tips`); tips are never trained on.
   `rollout.tip_source: environment` is an ablation, not the paper: the environment's own tip (`Env.oracle_tip`);
-* with `intrinsic.coef` > 0 each step earns the novelty bonus 1/n of the state it reached (`pay_novelty`).
+* with `intrinsic.coef` > 0 each step earns the novelty bonus 1/n of the state it reached (`pay_novelty`, called by
+  the trainer once every rank's visits of the iteration are counted, so n does not depend on the number of ranks).
 
 Token streams (docs/decisions.md). An episode is recorded token-in/token-out: `Episode.ids` are exactly the ids the
 model was given and generated; nothing is re-tokenised before the update. Conversations are append-only, so with
@@ -31,6 +32,7 @@ from __future__ import annotations
 import random
 import re
 import warnings
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -97,7 +99,10 @@ class Episode:
     observations: list[str] = field(default_factory=list)  # observation before each action
     actions: list[str] = field(default_factory=list)  # raw model outputs
     rewards: list[float] = field(default_factory=list)  # what the environment paid, per step
-    intrinsic: list[float] = field(default_factory=list)  # novelty bonus 1/n per step (0 when not counted)
+    intrinsic: list[float] = field(default_factory=list)  # novelty bonus 1/n per step (0 until pay_novelty pays it)
+    # The state the episode started in, then the one each step reached (None: the environment crashed): what the
+    # novelty bonus counts (pay_novelty).
+    states: list[str | None] = field(default_factory=list)
     anchors: list[str] = field(default_factory=list)  # GiGPO anchor before each action: env.anchor_state() or the obs
     penalties: list[float] = field(default_factory=list)  # invalid-action penalty per step (info["penalty"]; in rewards)
     corrected: list[bool] = field(default_factory=list)  # the env had to correct the action, or penalised it
@@ -268,29 +273,31 @@ def counts_novelty(mode: str, memory: TipMemory | None, intrinsic: IntrinsicConf
     return mode != "no_memory" or not intrinsic.memory_modes_only
 
 
-def pay_novelty(episodes: list[Episode], first_observations: list[str], reached: list[list[str | None]],
-                memory: TipMemory) -> None:
-    """Count every state the rollout visited, THEN pay each step 1/n of the state it reached.
+def pay_novelty(episodes: list[Episode], memory: TipMemory, gather: Callable[[object], list] | None = None) -> None:
+    """Count every state this iteration's rollout visited, on every rank, THEN pay each step 1/n of the state it
+    reached (`Episode.states`; a None state, after an environment crash, is neither counted nor paid).
 
-    reached[i][t]: the observation after step t of episode i (None after an environment crash: no bonus, no
-    count). Counting first makes the bonus independent of episode order (counting while stepping paid the first
-    episode to reach a new state 1, the next 1/2)."""
-    for ep, first, states in zip(episodes, first_observations, reached):
-        for state in [first] + states:
-            if state is not None:
-                memory.visit(ep.task.key, state)
-    for ep, states in zip(episodes, reached):
-        ep.intrinsic = [0.0 if s is None else 1.0 / memory.visit_count(ep.task.key, s) for s in states]
+    gather(obj) returns every rank's obj in rank order (one collective; None = single process): every rank counts
+    every rank's visits before any bonus is paid, so an episode's B_i = sum_t 1/n_t is the same on 1 process and on
+    8 for the same episodes, and the counts stay identical on all ranks. Counting first makes the bonus independent
+    of episode order too (counting while stepping paid the first episode to reach a new state 1, the next 1/2)."""
+    mine = [(ep.task.key, state) for ep in episodes for state in ep.states if state is not None]
+    for visits in gather(mine) if gather is not None else [mine]:
+        for key, state in visits:
+            memory.visit(key, state)
+    for ep in episodes:
+        ep.intrinsic = [0.0 if s is None else 1.0 / memory.visit_count(ep.task.key, s) for s in ep.states[1:]]
 
 
 def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], groups: list[int], *, mode: str,
-                 memory: TipMemory | None, cfg: RolloutConfig, intrinsic: IntrinsicConfig | None = None,
+                 memory: TipMemory | None, cfg: RolloutConfig,
                  temperature: float | None = None, pool: ThreadPoolExecutor | None = None,
                  progress=None, keep_caches: bool = False, seeds: list[int] | None = None,
                  tip_placement: str = "current_turn") -> list[Episode]:
     """Play len(tasks) episodes in lockstep, one env each (envs[i] plays tasks[i]).
 
-    groups[i]: the GRPO group of episode i; memory: tips to retrieve in memory modes, and the novelty counts;
+    groups[i]: the GRPO group of episode i; memory: tips to retrieve in memory modes; every episode records the
+    states it visited (`Episode.states`) for the novelty bonus, which the caller pays (`pay_novelty`);
     temperature: defaults to cfg.temperature (evaluation passes its own); keep_caches: leave each episode's KV
     cache on `Episode.kv_cache` for `write_tips` (with rollout.kv_reuse; otherwise a cache is freed when its
     episode ends); seeds[i]: episode i samples from its own streams (engine.generation.RowSampler), independently of the
@@ -301,7 +308,6 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
     if env_tips:
         envs[0].oracle_tip()  # refuses before anything is played when the environment writes no tips
     use_tips = mode != "no_memory" and memory is not None
-    novelty = counts_novelty(mode, memory, intrinsic)
     temperature = cfg.temperature if temperature is None else temperature
     windowed = cfg.history_window >= 0
     layout = "window" if windowed else "current_turn" if use_tips and tip_placement == "current_turn" else "packed"
@@ -397,11 +403,8 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
     if keep_caches:
         for ep, cache in zip(episodes, caches):
             ep.kv_cache = cache
-    if novelty:
-        pay_novelty(episodes, first_observations, reached, memory)
-    else:
-        for ep in episodes:
-            ep.intrinsic = [0.0] * len(ep.rewards)
+    for ep, first, states in zip(episodes, first_observations, reached):
+        ep.states, ep.intrinsic = [first] + states, [0.0] * len(ep.rewards)
     return episodes
 
 

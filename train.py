@@ -9,6 +9,7 @@ One iteration (paper Algorithm 1; docs/algorithm.md §7), one line per step in `
  1. draw the mode (rollout.draw_mode: seeded by seed and iteration, identical on all ranks);
  2. pick B task rows (seeded), shard them over ranks: a rank plays its rows' groups of N episodes;
  3. roll out in lockstep (rollout.run_episodes); an episode an environment crash cut is counted, not learned from;
+    the novelty bonus is paid once every rank's visits of the iteration are counted (rollout.pay_novelty);
  4. in memory modes the policy writes a tip per episode (rollout.write_tips);
  5. all ranks apply every rank's new tips in rank order, so the memory stays identical (memory.py);
  6. advantages: GRPO per row-group of N episodes (or GiGPO's per step), + the novelty tie-breaker (advantages.py);
@@ -61,7 +62,8 @@ from infra.runtime import (all_ranks, all_reduce_gradients, check_launch, derive
                            make_accelerator, minibatch_shape, rng_devices, shard_model, stop_on_signals)
 from losses import compute_old_logprobs, compute_reference_logprobs, length_buckets, padded_tokens, samples_loss
 from memory import TipMemory
-from rollout import ChatStream, check_prompt_budget, draw_mode, run_episodes, write_tips
+from rollout import (ChatStream, check_prompt_budget, counts_novelty, draw_mode, pay_novelty, run_episodes,
+                     write_tips)
 from samples import Context, Sample, build_samples, minibatch_normaliser, split_by_steps
 
 
@@ -183,18 +185,22 @@ def iteration_rows(train_tasks: list, cfg: Config, iteration: int, rank: int, wo
     return [rows[r] for r in groups], groups
 
 
-def play(model, chat, envs, memory, cfg: Config, tasks, groups, mode, iteration, rank, pool, bar, clock) -> tuple:
+def play(model, chat, envs, memory, cfg: Config, tasks, groups, mode, iteration, accelerator, pool, bar, clock
+         ) -> tuple:
     """(episodes, played): this rank's episodes (rollout.run_episodes, under full_weights: FSDP ranks generate
-    different numbers of tokens) and those learned from. An episode cut by an environment crash has a partial
-    return: it is counted in the metrics but not learned from (no tip, no advantage statistics, no sample)."""
+    different numbers of tokens), with their novelty bonus once every rank's visits are counted
+    (rollout.pay_novelty), and those learned from. An episode cut by an environment crash has a partial return: it
+    is counted in the metrics but not learned from (no tip, no advantage statistics, no sample)."""
     clock.start()
     model.eval()
     with full_weights(model):
-        seeds = [derive_seed(cfg.train.seed, "episode", iteration, rank, j) for j in range(len(tasks))]
+        seeds = [derive_seed(cfg.train.seed, "episode", iteration, accelerator.process_index, j)
+                 for j in range(len(tasks))]
         episodes = run_episodes(model, chat, envs, tasks, groups, mode=mode, memory=memory, cfg=cfg.rollout,
-                                intrinsic=cfg.intrinsic, pool=pool, progress=bar, keep_caches=cfg.memory.enabled,
-                                seeds=seeds)
-        clock.lap("time_rollout")
+                                pool=pool, progress=bar, keep_caches=cfg.memory.enabled, seeds=seeds)
+    if counts_novelty(mode, memory, cfg.intrinsic):  # the same on every rank: one gather of every rank's visits
+        pay_novelty(episodes, memory, lambda obj: gather_objects(accelerator, obj))
+    clock.lap("time_rollout")
     for ep in episodes:
         if ep.truncated == "env_error":
             ep.kv_cache = None
@@ -212,7 +218,7 @@ def reflect(model, chat, played, memory, cfg: Config, env) -> dict:
 def sync_memory(memory, accelerator, clock) -> None:
     """Every rank applies every rank's new tips in rank order, so the memory stays identical (TipMemory.sync)."""
     if memory is not None:
-        memory.sync(lambda obj: gather_objects(accelerator, obj), accelerator.process_index)
+        memory.sync(lambda obj: gather_objects(accelerator, obj))
     clock.lap("time_tips")
 
 
@@ -360,8 +366,8 @@ def train(cfg: Config) -> dict:
             # ---- the iteration (Algorithm 1)
             mode = draw_mode(cfg.memory, cfg.train.seed, iteration)  # 1. the mode, identical on all ranks
             tasks, groups = iteration_rows(train_tasks, cfg, iteration, rank, world)  # 2. task rows, this rank's groups
-            episodes, played = play(model, chat, envs, memory, cfg, tasks, groups, mode, iteration, rank, threads, bar,
-                                    clock)  # 3. rollout; `played` leaves out episodes an environment crash cut
+            episodes, played = play(model, chat, envs, memory, cfg, tasks, groups, mode, iteration, accelerator,
+                                    threads, bar, clock)  # 3. rollout; `played` leaves out episodes a crash cut
             tip_stats = reflect(model, chat, played, memory, cfg, envs[0])  # 4. tips
             sync_memory(memory, accelerator, clock)  # 5. memory sync
             advantages, credit = compute_advantages(played, cfg)  # 6. GRPO or GiGPO + the novelty tie-breaker

@@ -15,6 +15,7 @@ import yaml
 from config import ModelConfig
 from conftest import clean_env, free_port
 from infra.runtime import LaunchError, check_launch
+from rollout import pay_novelty
 from samples import minibatch_normaliser
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,6 +117,43 @@ def test_one_normaliser_weighs_every_step_one_minibatch_share():
     assert minibatch_normaliser(21, 6.0, 10) == pytest.approx(60 / 21)
     assert minibatch_normaliser(7, 7.0, 10) == 7.0 and minibatch_normaliser(10, 3.5, 10) == 3.5
     assert minibatch_normaliser(0, 0.0, 10) == 0.0
+
+
+# ----------------------------------------------------------------------------- the novelty bonus over 2 ranks
+
+
+def test_novelty_is_the_same_on_one_and_two_processes(tmp_path):
+    """rollout.pay_novelty as train.play calls it: every rank's visits of the iteration are gathered and counted
+    before any bonus is paid, so each step's 1/n (hence B_i) on 2 gloo ranks equals 1 process's for the same
+    episodes, and both ranks hold the same counts. Expected values by hand (tests/distributed_novelty.py)."""
+    from distributed_novelty import episodes_of, memory_before
+
+    out = {}
+    for name, launcher in (("single", [sys.executable]), ("ranks", [
+            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}"])):
+        file = tmp_path / f"{name}.json"
+        proc = run(launcher + [str(ROOT / "tests" / "distributed_novelty.py"), str(file)])
+        assert proc.returncode == 0, f"{name}:\n{proc.stderr[-4000:]}"
+        out[name] = json.loads(file.read_text())
+    # rooms/0: start x5, hall 1 (earlier) + 4, kitchen 2, garden 2, cellar 1, attic 1;
+    # rooms/1: door 1 + 3, room 1 + 3, window 2, roof 1
+    by_hand = [[1 / 5, 1 / 2, 1 / 2], [1 / 5, 1 / 5], [1.0, 0.0], [1 / 4, 1 / 4],
+               [1 / 2, 1.0], [1 / 2, 1 / 5], [1 / 4, 1 / 2], [1 / 2, 1.0]]
+    flat = lambda lists: [x for xs in lists for x in xs]  # noqa: E731
+    assert [len(x) for x in out["single"]["intrinsic"]] == [len(x) for x in out["ranks"]["intrinsic"]] == [
+        len(x) for x in by_hand]
+    assert flat(out["single"]["intrinsic"]) == pytest.approx(flat(by_hand))
+    assert flat(out["ranks"]["intrinsic"]) == pytest.approx(flat(by_hand))
+    rank0, rank1 = out["ranks"]["visits"]
+    assert rank0 == rank1 == out["single"]["visits"][0]
+    # Without the gather each rank would count only its own visits: rank 0's first episode would be paid 1/4 for
+    # "hall" (4 visits there, not 5), 1 for "kitchen" and 1 for "garden" (reached again on rank 1 only).
+    local = []
+    for rank in (0, 1):
+        episodes = episodes_of(rank, 2)
+        pay_novelty(episodes, memory_before())
+        local += [ep.intrinsic for ep in episodes]
+    assert local[0] == pytest.approx([1 / 4, 1.0, 1.0]) and flat(local) != pytest.approx(flat(by_hand))
 
 
 @pytest.mark.slow

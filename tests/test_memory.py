@@ -166,16 +166,12 @@ def test_sync_makes_ranks_identical():
     ranks[0].stage("k", entry(tip="from rank 0"))
     ranks[1].stage("k", entry(tip="from rank 1"))
     ranks[1].stage("k", entry(tip="from rank 0"))  # duplicate across ranks
-    ranks[0].visit("k", "s1")
-    ranks[1].visit("k", "s1")
-    ranks[1].visit("k", "s2")
-    payloads = [(m.pending_tips, m.pending_visits) for m in ranks]
-    added = [m.sync(lambda _: payloads, rank=r) for r, m in enumerate(ranks)]
+    payloads = [m.pending_tips for m in ranks]
+    added = [m.sync(lambda _: payloads) for m in ranks]
     assert added == [2, 2]
     assert ranks[0].state_dict() == ranks[1].state_dict()
     assert [e.tip for e in ranks[0].entries["k"]] == ["from rank 0", "from rank 1"]
-    assert ranks[0].visits["k"] == {"s1": 2, "s2": 1}
-    assert ranks[0].pending_tips == [] and ranks[0].pending_visits == []
+    assert ranks[0].pending_tips == []
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ from losses import compute_old_logprobs, sequence_action_logprobs
 from memory import TipEntry, TipMemory, clean_tip, tip_block
 from samples import build_samples, per_step_samples
 from rollout import (ChatStream, ContextBudgetError, Episode, draw_mode,
-                     generate_actions, pay_novelty, run_episodes,
+                     counts_novelty, generate_actions, pay_novelty, run_episodes,
                      write_tips)
 
 from chat_reference import QWEN25_SYSTEM, first_difference, render_episode
@@ -33,8 +33,9 @@ def play(policy, env_cls, mode, memory, n=2, window=-1, max_steps=3, intrinsic=N
     tasks = [Task("rooms", 0)] * n
     torch.manual_seed(1)
     cfg = RolloutConfig(max_action_tokens=8, max_prompt_tokens=4000, temperature=1.0, history_window=window)
-    eps = run_episodes(model, chat, envs, tasks, [0] * n, mode=mode, memory=memory, cfg=cfg, intrinsic=intrinsic,
-                       tip_placement=placement)
+    eps = run_episodes(model, chat, envs, tasks, [0] * n, mode=mode, memory=memory, cfg=cfg, tip_placement=placement)
+    if counts_novelty(mode, memory, intrinsic):  # as train.play does after the rollout
+        pay_novelty(eps, memory)
     return chat, eps
 
 
@@ -75,13 +76,14 @@ def test_draw_mode_probabilities_and_rank_agreement():
 
 def test_novelty_is_paid_after_the_rollout_whatever_the_episode_order():
     memory = TipMemory()
-    eps = [Episode(Task("t", 0), group=0, mode="no_memory") for _ in range(3)]
     reached = [["room a", "Room  B"], ["room a", None], ["room c"]]  # None: the environment crashed there
-    pay_novelty(eps, ["start"] * 3, reached, memory)
+    eps = [Episode(Task("t", 0), group=0, mode="no_memory", states=["start"] + r) for r in reached]
+    pay_novelty(eps, memory)
     # "room a" is reached by two episodes of the same rollout: both get 1/2, not 1 and 1/2 by index.
     assert [ep.intrinsic for ep in eps] == [[0.5, 1.0], [0.5, 0.0], [1.0]]
     assert memory.visit_count("t/0", "start") == 3 and memory.visit_count("t/0", "room b") == 1
-    pay_novelty(eps[:1], ["start"], [["room a"]], memory)  # counts persist across rollouts
+    eps[0].states = ["start", "room a"]
+    pay_novelty(eps[:1], memory)  # counts persist across rollouts
     assert eps[0].intrinsic == [1 / 3]
 
 

@@ -42,7 +42,7 @@ from engine.generation import left_pad
 from losses import compute_old_logprobs, length_buckets, padded_tokens, samples_loss
 from memory import TipMemory
 from infra.models import load_policy
-from rollout import ChatStream, run_episodes, write_tips
+from rollout import ChatStream, counts_novelty, pay_novelty, run_episodes, write_tips
 from samples import build_samples, per_step_samples
 
 
@@ -393,7 +393,9 @@ def mode_iteration(model, chat, envs, tasks, cfg, mode, memory, optimizer, accel
     model.eval()
     t0 = clock()
     episodes = run_episodes(model, chat, envs, tasks, [t.variation for t in tasks], mode=mode, memory=memory,
-                            cfg=cfg.rollout, intrinsic=cfg.intrinsic, keep_caches=True, seeds=seeds)
+                            cfg=cfg.rollout, keep_caches=True, seeds=seeds)
+    if counts_novelty(mode, memory, cfg.intrinsic):
+        pay_novelty(episodes, memory)
     t1 = clock()
     write_tips(model, chat, episodes, memory, cfg.rollout)
     memory.sync()
