@@ -6,10 +6,10 @@ Paper map (arXiv 2602.23008; the equations are written out in docs/algorithm.md)
                           of one task row), std unbiased as in the reference; R_i is the score.
 * `novelty_advantages`  - §4.2's novelty bonus, which really reaches the advantage (the reference release computes it
                           and then ignores it), as a tie-breaker: B_i = sum_t 1/n_t = sum(Episode.intrinsic), paid
-                          by rollout.pay_novelty from memory.py's visit counts,
+                          by rollout.pay_novelty from memory.py's visit counts (every rank's),
                           centred among the episodes tied on i's score and bounded so that it orders them by
-                          exploration but never reorders scores or flips a score advantage's sign
-                          (docs/algorithm.md §6).
+                          exploration but never reorders scores or flips a score advantage's sign, and summing
+                          to zero in each tie class (docs/algorithm.md §6).
 * `gigpo_step_advantages` (with `discounted_returns`, `anchor_state_advantages`, `pool_normalise`) - optional
                           (`loss.advantage: gigpo`), not in the paper: GiGPO (Feng et al. 2025, the WebShop anchor)
                           as verl-agent computes it, one advantage per step sample = episode level + weight x step
@@ -157,19 +157,24 @@ def gigpo_step_advantages(step_rewards: list[list[float]], penalties: list[list[
 
 def novelty_advantages(advantages: list, bonuses: list[float], scores: list[float], group_ids: list, coef: float,
                        eps: float = 1e-6, divide_std: bool = True) -> list:
-    """Add EMPO²'s novelty term as a tie-breaker that never overturns the score: A_i += coef * h_c * tanh(B_i - mean
-    of B over c), with 0 <= coef < 1 (intrinsic.coef).
+    """Add EMPO²'s novelty term as a tie-breaker that never overturns the score and sums to zero:
+    A_i += coef * h_c * (t_i - mean over c of t) / 2,  t_i = tanh(B_i - mean over c of B),  0 <= coef < 1.
 
     advantages[i]: episode i's score advantage, or one per step (GiGPO: the same term is added to each); bonuses[i]:
     its novelty B_i = sum_t 1/n_t in new states; scores[i]: the score its group advantage was computed from. c is
     i's tie class: the episodes of its group with exactly its score. a_c = the class's GRPO level, (score - group
     mean) / (std + eps) (divide_std=False: only centred, as GiGPO "w/o std"); h_c = min(gap_c / 2, |a_c|), gap_c
     = the distance to the nearest other level in the group (gap_c / 2 alone where a_c = 0; 1 where the whole group
-    ties). A class of one, or a group of one, gets no term. Hence, within a group:
+    ties). The mean of t is over the class's rows (an episode's one advantage, or each of its steps), so the class's
+    terms sum to 0 over the rows they are added to. A class of one, or a group of one, gets no term. Hence, within
+    a group:
     * more new states than a tied episode => a larger advantage (strictly, until tanh rounds to 1 past ~19 states);
-    * a higher score => a strictly higher level + term: each of two classes moves by < gap / 2 (coef < 1);
+    * a higher score => a strictly higher level + term: |t_i - mean t| < 2, so |term| < coef h_c and each of two
+      classes moves by < gap / 2 (coef < 1);
     * a score level never changes sign: the term is < |a_c| in size;
-    * the term is linear in coef (the paper's x0.5 / x2 ablation is intrinsic.coef x0.5 / x2).
+    * the group's advantages sum to what its score advantages sum to (no net push on a class's tokens);
+    * the term is linear in coef; the paper's x0.5 / x2 ablation scales alpha in R = score + alpha B, which here
+      has no exact counterpart (docs/decisions.md, "Novelty bonus").
     With per-step advantages (GiGPO) these hold for the episode's score level a_c, not for each step's value."""
     if not 0.0 <= coef < 1.0:  # coef >= 1 could move a level by its full gap or size
         raise ValueError(f"novelty coef must be in [0, 1), got {coef}")
@@ -177,6 +182,7 @@ def novelty_advantages(advantages: list, bonuses: list[float], scores: list[floa
     for index, gid in enumerate(group_ids):
         groups.setdefault(gid, []).append(index)
     out = list(advantages)
+    rows = [len(a) if isinstance(a, list) else 1 for a in advantages]  # what the term is added to, per episode
     for members in groups.values():
         classes: dict = {}
         for i in members:
@@ -186,13 +192,16 @@ def novelty_advantages(advantages: list, bonuses: list[float], scores: list[floa
         group_scores = torch.tensor([scores[i] for i in members], dtype=torch.float64)
         level = dict(zip(group_scores.tolist(), pool_normalise(group_scores, group_scores, eps, divide_std).tolist()))
         for score, tied in classes.items():
-            if len(tied) < 2:
+            weight = sum(rows[i] for i in tied)
+            if len(tied) < 2 or weight == 0:
                 continue
             a = level[score]
             gap = min((abs(a - level[other]) for other in classes if other != score), default=None)
             h = 1.0 if gap is None else (gap / 2 if a == 0.0 else min(gap / 2, abs(a)))
             mean = sum(bonuses[i] for i in tied) / len(tied)
+            t = {i: math.tanh(bonuses[i] - mean) for i in tied}
+            t_mean = sum(rows[i] * t[i] for i in tied) / weight  # over the class's rows: the terms sum to zero
             for i in tied:
-                extra = coef * h * math.tanh(bonuses[i] - mean)
+                extra = coef * h * (t[i] - t_mean) / 2
                 out[i] = [v + extra for v in out[i]] if isinstance(out[i], list) else out[i] + extra
     return out

@@ -223,10 +223,11 @@ def loss_weights(mask: list[int], aggregation: str = "step", episode_tokens: int
 def minibatch_normaliser(total_steps: int, total_units: float, minibatch_steps: int) -> float:
     """What every mini-batch of an iteration divides its weighted loss sum by: the units (sum of `Sample.weights`)
     that `minibatch_steps` of the iteration's steps hold on average, total_units / total_steps per step (all ranks'
-    samples); the iteration's own units when it has fewer steps than one mini-batch. With step weights every step
-    then weighs 1 / minibatch_steps in whichever optimiser step it lands, however many steps that one holds."""
-    if total_steps <= minibatch_steps:
-        return float(total_units)
+    samples). With step weights every step then weighs 1 / minibatch_steps in whichever optimiser step it lands,
+    however many steps that one holds, also when the iteration has fewer steps than one mini-batch (verl divides by
+    its fixed ppo_mini_batch_size even for a short last mini-batch). No steps: 0 (nothing to learn)."""
+    if total_steps <= 0:
+        return 0.0
     return minibatch_steps * float(total_units) / total_steps
 
 

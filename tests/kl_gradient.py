@@ -4,7 +4,9 @@ tests/test_resilience.py).
 `watch(update, records)` wraps train.update for a full fine-tune with loss.kl_coef > 0 whose advantages are all 0
 (the random tiny model plays identical episodes), so the objective's gradient is the KL term's alone. Just before
 each optimizer step it records, on every rank, the gradient the update built (whole tensors, also under FSDP) and
-the one it should be: kl_coef x grad of the mean over all ranks' steps of each step's token mean of
+the one it should be: kl_coef x grad of the sum over all ranks' steps of each step's token mean, divided by
+train.minibatch_steps (every step weighs 1 / minibatch_steps, verl's fixed mini-batch size, also in an iteration
+of fewer steps; the test's iterations are one mini-batch each), of
 k3 = exp(ref - logp) - (ref - logp) - 1 (KL(pi || pi_ref), low_var_kl), computed here on plain fp32 HF copies: the
 policy's current weights, and pi_ref loaded afresh from model.name_or_path. Removing the term from the loss,
 detaching it or flipping its sign gives another gradient.
@@ -50,7 +52,8 @@ def sampled_logprobs(model, ids: list[int], mask: list[int]) -> torch.Tensor:
 
 
 def expected_gradient(weights: dict, samples, cfg) -> dict:
-    """kl_coef x grad of sum over this rank's steps of the step's token-mean k3, divided by all ranks' steps."""
+    """kl_coef x grad of sum over this rank's steps of the step's token-mean k3, divided by train.minibatch_steps;
+    summed over ranks."""
     from transformers import AutoModelForCausalLM
 
     assert cfg.loss.kl_estimator == "low_var_kl", cfg.loss.kl_estimator
@@ -58,16 +61,13 @@ def expected_gradient(weights: dict, samples, cfg) -> dict:
     reference = AutoModelForCausalLM.from_pretrained(cfg.model.name_or_path, torch_dtype=torch.float32)
     policy.load_state_dict(weights, strict=True)
     total = torch.zeros(())
-    steps = torch.tensor(float(sum(round(sum(step_weights(s.mask))) for s in samples)))  # each step: 1
     for s in samples:
         logp = sampled_logprobs(policy, s.ids, s.mask)
         with torch.no_grad():
             ref = sampled_logprobs(reference, s.ids, s.mask)
         k3 = torch.exp(ref - logp) - (ref - logp) - 1.0
         total = total + (k3 * torch.tensor(step_weights(s.mask))).sum()
-    if dist.is_initialized():
-        dist.all_reduce(steps)
-    (cfg.loss.kl_coef * total / steps).backward()
+    (cfg.loss.kl_coef * total / cfg.train.minibatch_steps).backward()
     grads = {n: p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for n, p in
              policy.named_parameters()}
     if dist.is_initialized():

@@ -111,11 +111,14 @@ def test_episode_weights_differ_from_the_reference(updates):
 
 def test_one_normaliser_weighs_every_step_one_minibatch_share():
     """By hand: 21 steps, minibatch_steps 10: every mini-batch divides by 10 (each step weighs 1/10); 6 episodes of
-    "episode" aggregation (6 units over 21 steps): 10 x 6 / 21; fewer steps than one mini-batch: the iteration's
-    own units; nothing to learn: 0."""
+    "episode" aggregation (6 units over 21 steps): 10 x 6 / 21; "token" aggregation (63 tokens over 21 steps):
+    10 x 3; fewer steps than one mini-batch: still minibatch_steps steps' units (verl's fixed size), so each of 7
+    steps weighs 1/10, not 1/7; nothing to learn: 0."""
     assert minibatch_normaliser(21, 21.0, 10) == 10.0
     assert minibatch_normaliser(21, 6.0, 10) == pytest.approx(60 / 21)
-    assert minibatch_normaliser(7, 7.0, 10) == 7.0 and minibatch_normaliser(10, 3.5, 10) == 3.5
+    assert minibatch_normaliser(21, 63.0, 10) == pytest.approx(30.0)
+    assert minibatch_normaliser(7, 7.0, 10) == 10.0 and minibatch_normaliser(10, 3.5, 10) == 3.5
+    assert minibatch_normaliser(7, 14.0, 10) == 20.0  # 7 steps of 2 tokens, token aggregation: 10 steps' tokens
     assert minibatch_normaliser(0, 0.0, 10) == 0.0
 
 

@@ -271,12 +271,13 @@ FAST_FAILURE = [0.1]  # one step into a rare state, then the episode ends: sum 0
 
 
 def test_novelty_tie_on_the_score_goes_to_the_explorer():
-    """Both episodes fail at -100: one tie class (the whole group), so h = 1 and A = 0.1 tanh(B - mean B). By hand:
-    B = 1.5405 and 0.1, mean 0.82025 -> A = +-0.1 tanh(0.72025) = +-0.061706."""
+    """Both episodes fail at -100: one tie class (the whole group), so h = 1 and A = 0.1 (t - mean t) / 2 with
+    t = tanh(B - mean B). By hand: B = 1.5405 and 0.1, mean 0.82025 -> t = +-tanh(0.72025), mean t 0 ->
+    A = +-0.05 tanh(0.72025) = +-0.030853."""
     bonuses = [sum(EXPLORER), sum(FAST_FAILURE)]
     adv = novelty_advantages(group_advantages([-100.0, -100.0], [0, 0]), bonuses, [-100.0] * 2, [0, 0], coef=0.1)
-    assert adv == pytest.approx([0.1 * math.tanh(0.72025), -0.1 * math.tanh(0.72025)], abs=1e-9)
-    assert adv[0] == pytest.approx(0.061706, abs=1e-6)
+    assert adv == pytest.approx([0.05 * math.tanh(0.72025), -0.05 * math.tanh(0.72025)], abs=1e-9)
+    assert adv[0] == pytest.approx(0.030853, abs=1e-6)
     # The former form (R = score + coef x mean_t 1/n_t, normalised together) gave the fast failure the full +0.707.
     means = [sum(EXPLORER) / len(EXPLORER), sum(FAST_FAILURE) / len(FAST_FAILURE)]  # 0.05135 vs 0.1
     old = group_advantages([-100.0 + means[0], -100.0 + means[1]], [0, 0])
@@ -291,40 +292,49 @@ def novelty(scores, bonuses, coef, groups=None):
 
 @pytest.mark.parametrize("coef", [0.1, 0.2])
 def test_novelty_breaks_ties_and_never_overturns_a_score_by_hand(coef):
-    """A_i += coef h_c tanh(B_i - mean of B over i's tie class c), h_c = min(gap_c / 2, |a_c|) (1: one class)."""
-    # G1: all at -100, B = [5, 1, 1, 1]: one class, h = 1, mean B 2 -> the explorer coef tanh(3), the others
-    # coef tanh(-1); the explorer gets the largest advantage.
+    """A_i += coef h_c (t_i - mean of t over c) / 2, t_i = tanh(B_i - mean of B over i's tie class c),
+    h_c = min(gap_c / 2, |a_c|) (1: one class)."""
+    # G1: all at -100, B = [5, 1, 1, 1]: one class, h = 1, mean B 2 -> t = tanh(3), tanh(-1) x 3, mean t
+    # (0.995055 - 3 x 0.761594) / 4 = -0.322432 -> the explorer coef (0.995055 + 0.322432) / 2 = coef 0.658743,
+    # the others coef (-0.761594 + 0.322432) / 2 = -coef 0.219581; they sum to 0; the explorer gets the most.
     g1 = novelty([-100.0] * 4, [5.0, 1.0, 1.0, 1.0], coef)
-    assert g1 == pytest.approx([coef * math.tanh(3.0)] + [-coef * math.tanh(1.0)] * 3, abs=1e-12)
-    assert g1[0] > max(g1[1:])
+    t_mean = (math.tanh(3.0) - 3 * math.tanh(1.0)) / 4
+    assert g1 == pytest.approx([coef * (math.tanh(3.0) - t_mean) / 2] + [coef * (-math.tanh(1.0) - t_mean) / 2] * 3,
+                               abs=1e-12)
+    assert g1 == pytest.approx([coef * 0.658743] + [-coef * 0.219581] * 3, abs=1e-6)
+    assert g1[0] > max(g1[1:]) and sum(g1) == pytest.approx(0.0, abs=1e-12)
     # G2: scores 0 / 10 with B = [30, 0]: two lone classes, no term: -+5 / (sqrt(50) + eps), the score decides.
     a = 5 / (math.sqrt(50) + 1e-6)
     assert novelty([0.0, 10.0], [30.0, 0.0], coef) == pytest.approx([-a, a], abs=1e-6)
     # ... scores [0, 0, 10, 10], B = [30, 0, 0, 0]: mean 5, std sqrt(100 / 3) = 5.7735 -> levels -+0.866025, gap
-    # 1.732051, so h = min(0.866025, 0.866025); class 0 has mean B 15 -> -+coef h tanh(15); class 10 ties on B: 0.
+    # 1.732051, so h = min(0.866025, 0.866025); class 0 has mean B 15 -> t = +-tanh(15), mean t 0 ->
+    # +-coef h tanh(15) / 2; class 10 ties on B: 0.
     level = 5 / (math.sqrt(100 / 3) + 1e-6)
     g2 = novelty([0.0, 0.0, 10.0, 10.0], [30.0, 0.0, 0.0, 0.0], coef)
-    assert g2 == pytest.approx([-level + coef * level * math.tanh(15), -level - coef * level * math.tanh(15),
+    assert g2 == pytest.approx([-level + coef * level * math.tanh(15) / 2, -level - coef * level * math.tanh(15) / 2,
                                 level, level], abs=1e-6)
     assert max(g2[:2]) < min(g2[2:]) and max(g2[:2]) < 0
     # G3: scores [0, 0, 0, 100], B = [12, 0.07, 0.11, 2.02]: mean 25, std 50 -> levels -0.5 and 1.5, gap 2, so
-    # h = min(1, 0.5) = 0.5 for the 0-scorers (mean B 4.06: B - mean = 7.94, -3.99, -3.95); the 100-scorer is
-    # alone: 1.5. The former form gave the explorer -0.5 + 0.1 (12 - 3.55) = +0.345: a flipped sign.
+    # h = min(1, 0.5) = 0.5 for the 0-scorers (mean B 4.06: B - mean = 7.94, -3.99, -3.95; t = 1.000000,
+    # -0.999316, -0.999259, mean t -0.332858); the 100-scorer is alone: 1.5. The former form (coef (B_i - group
+    # mean B)) gave the explorer -0.5 + 0.1 (12 - 3.55) = +0.345: a flipped sign.
     g3 = novelty([0.0, 0.0, 0.0, 100.0], [12.0, 0.07, 0.11, 2.02], coef)
-    expected = [-0.5 + coef * 0.5 * math.tanh(7.94), -0.5 + coef * 0.5 * math.tanh(-3.99),
-                -0.5 + coef * 0.5 * math.tanh(-3.95), 1.5]
+    t = [math.tanh(7.94), math.tanh(-3.99), math.tanh(-3.95)]
+    expected = [-0.5 + coef * 0.5 * (x - sum(t) / 3) / 2 for x in t] + [1.5]
     assert g3 == pytest.approx(expected, abs=1e-6)
     assert max(g3[:3]) < g3[3] and max(g3[:3]) < 0  # no 0-scorer reaches the 100-scorer, no sign flipped
     assert g3[0] > g3[2] > g3[1]  # among the 0-scorers: more new states, larger advantage
-    assert g3 == pytest.approx({0.1: [-0.45, -0.549966, -0.549963, 1.5], 0.2: [-0.4, -0.599932, -0.599926, 1.5]}[coef],
-                               abs=1e-6)
+    assert sum(g3) == pytest.approx(0.0, abs=1e-12)  # the score advantages' sum, 0
+    assert g3 == pytest.approx({0.1: [-0.466679, -0.516661, -0.516660, 1.5],
+                                0.2: [-0.433357, -0.533323, -0.533320, 1.5]}[coef], abs=1e-6)
 
 
-def test_novelty_on_random_groups_keeps_order_sign_ties_lone_members_and_linearity():
+def test_novelty_on_random_groups_keeps_order_sign_ties_lone_members_linearity_and_sums():
     """2000 seeded groups of 2-16 episodes (scores from a few values, so ties are common; some equal bonuses), at
     every coef the config allows a run to try: scores order the advantages strictly, no score advantage changes
     sign, within a tie class more novelty gives strictly more (equal novelty: equal), a lone member keeps its score
-    advantage exactly, and the term is linear in coef."""
+    advantage exactly, the term is linear in coef, smaller than coef h_c in size, and sums to zero in every tie
+    class, so every group's advantages sum to what its score advantages sum to."""
     import random
 
     rng = random.Random(0)
@@ -356,6 +366,16 @@ def test_novelty_on_random_groups_keeps_order_sign_ties_lone_members_and_lineari
         assert all(adv[i] > adv[j] for i, j in above), coef  # scores first, then novelty among ties
         assert all(adv[i] == adv[j] for i, j in equal) and all(adv[i] == base[i] for i in lone + flat)
         assert all(x * b > 0 for x, b in zip(adv, base) if b != 0.0), coef  # no sign flipped
+        classes: dict = {}
+        for i, (g, score) in enumerate(zip(groups, scores)):
+            classes.setdefault((g, score), []).append(i)
+        for group in members.values():  # the group's advantages sum to its score advantages' sum
+            assert sum(adv[i] for i in group) == pytest.approx(sum(base[i] for i in group), abs=1e-12)
+        for tied in classes.values():
+            assert abs(sum(terms[coef][i] for i in tied)) < 1e-12  # zero-sum in each tie class
+            assert all(abs(terms[coef][i]) < coef for i in tied)  # h_c <= 1
+    # |term| <= coef h_c (n - 1) / n in a class of n (|t_i - mean t| < 2 (n - 1) / n); the largest here: 0.76 coef
+    assert 0.5 < max(abs(x) for x in terms[0.1]) / 0.1 < 1.0
     assert sum(t != 0.0 for t in terms[0.1]) > len(scores) / 2  # the term is not vacuous
     for coef in (0.05, 0.2, 0.5, 0.9):  # the paper's x0.5 / x2 ablation is a coef change
         assert terms[coef] == pytest.approx([t * coef / 0.1 for t in terms[0.1]], abs=1e-9)
@@ -363,11 +383,15 @@ def test_novelty_on_random_groups_keeps_order_sign_ties_lone_members_and_lineari
 
 def test_novelty_per_group_and_per_step_lists():
     """Groups are separate; a one-episode group gets nothing; per-step advantages (GiGPO) all get the episode's
-    term. Group a ties (scores 0, 0; one class: h = 1): B 2 and 0 -> +-0.2 tanh(1) = +-0.152319."""
+    term, and the class's terms sum to zero over its ROWS (verl-agent pools step rows). Group a ties (scores 0, 0;
+    one class: h = 1): B 2 and 0 -> t = +-tanh(1) = +-0.761594 on 2 rows and 1 row, mean t over the 3 rows
+    0.253865 -> terms 0.2 (0.761594 - 0.253865) / 2 = +0.050773 (each of 2 rows), 0.2 (-0.761594 - 0.253865) / 2
+    = -0.101546: 2 x 0.050773 - 0.101546 = 0."""
     adv = novelty_advantages([[0.5, -0.5], 0.0, 0.0, 1.0], [2.0, 0.0, 1.0, 7.0], [0.0, 0.0, 3.0, 5.0],
                              ["a", "a", "b", "c"], coef=0.2)
-    assert adv[0] == pytest.approx([0.5 + 0.152319, -0.5 + 0.152319], abs=1e-6)
-    assert adv[1] == pytest.approx(-0.152319, abs=1e-6)
+    assert adv[0] == pytest.approx([0.5 + 0.050773, -0.5 + 0.050773], abs=1e-6)
+    assert adv[1] == pytest.approx(-0.101546, abs=1e-6)
+    assert sum(adv[0]) + adv[1] == pytest.approx(0.0, abs=1e-12)
     assert adv[2] == 0.0 and adv[3] == 1.0
 
 
