@@ -174,7 +174,7 @@ def novelty_advantages(advantages: list, bonuses: list[float], scores: list[floa
     * a score level never changes sign: the term is < |a_c| in size;
     * the group's advantages sum to what its score advantages sum to (no net push on a class's tokens);
     * the term is linear in coef; the paper's x0.5 / x2 ablation scales alpha in R = score + alpha B, which here
-      has no exact counterpart (docs/decisions.md, "Novelty bonus").
+      has no exact counterpart (docs/decisions.md, "Intrinsic reward").
     With per-step advantages (GiGPO) these hold for the episode's score level a_c, not for each step's value."""
     if not 0.0 <= coef < 1.0:  # coef >= 1 could move a level by its full gap or size
         raise ValueError(f"novelty coef must be in [0, 1), got {coef}")

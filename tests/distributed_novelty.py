@@ -7,16 +7,16 @@ tests/test_distributed.py::test_novelty_is_the_same_on_one_and_two_processes.
 Two tasks; states recur within a rank, across ranks and from earlier iterations (`PRIOR`), one step crashed (None).
 Writes {"intrinsic": per episode in episode order, "visits": each rank's counts} (rank 0 writes; every rank
 contributes through one gather). Each rank of a 2-process run leaves with os._exit(0) after writing
-OUT.rank<R>.done, as tests/distributed_update.py does (gloo's teardown at interpreter exit has aborted in CI).
+OUT.rank<R>.done (`distributed_update.leave`: gloo's teardown at interpreter exit has aborted in CI).
 """
 import faulthandler
 import json
-import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from distributed_update import leave  # noqa: E402
 from envs.base import Task  # noqa: E402
 from infra.runtime import gather_objects, make_accelerator  # noqa: E402
 from memory import TipMemory  # noqa: E402
@@ -59,12 +59,7 @@ def main(out_file: str) -> None:
     visits = gather_objects(accelerator, {key: dict(counts) for key, counts in memory.visits.items()})
     if accelerator.is_main_process:
         Path(out_file).write_text(json.dumps({"intrinsic": intrinsic, "visits": visits}))
-    accelerator.wait_for_everyone()
-    if world > 1:
-        Path(f"{out_file}.rank{rank}.done").write_text("done\n")
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+    leave(accelerator, out_file)
 
 
 if __name__ == "__main__":

@@ -208,6 +208,11 @@ def main(mode: str, out_file: str) -> None:
     if accelerator.is_main_process:
         torch.save({"weights": state, "grads": grads, "metrics": metrics, "padding_passes": padding,
                     "skipped": skipped, "loss": loss}, out_file)
+    leave(accelerator, out_file)
+
+
+def leave(accelerator, out_file: str) -> None:
+    """After a barrier: in a multi-process launch, write OUT.rank<R>.done and leave with os._exit(0) (see above)."""
     accelerator.wait_for_everyone()
     if accelerator.num_processes > 1:
         Path(f"{out_file}.rank{accelerator.process_index}.done").write_text("done\n")
