@@ -13,7 +13,7 @@
       layers sharded with `fully_shard`, FULL_SHARD or SHARD_GRAD_OP, transformer-based wrapping, activation
       checkpointing (= model.gradient_checkpointing), full state dicts.
   Not supported (error): DeepSpeed, Megatron-LM, torch dynamo, fp8, accelerate's gradient accumulation (use
-  train.minibatches), FSDP version 1, CPU offload, hybrid/no sharding, size-based wrapping, sharded state dicts,
+  train.minibatch_steps), FSDP version 1, CPU offload, hybrid/no sharding, size-based wrapping, sharded state dicts,
   rank-0-only loading, FSDP with LoRA (LoRA is a few MB: data parallel is the right tool).
 * `make_accelerator()`: accelerate's `Accelerator`, on CPU a real gloo process group under torchrun.
 * `shard_model(model, ...)` and `full_weights(model)`: FSDP2 sharding, and the context in which generation and the
@@ -76,7 +76,7 @@ def check_launch(model_cfg) -> Launch:
     steps = _flag("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "1")
     if steps not in ("", "1"):
         raise LaunchError(f"gradient_accumulation_steps={steps} is not supported: an optimiser step already "
-                          f"accumulates its mini-batch (train.minibatches, train.micro_batch_size)")
+                          f"accumulates its mini-batch (train.minibatch_steps, train.micro_batch_size)")
     precision = _flag("ACCELERATE_MIXED_PRECISION", "no").lower()
     if precision not in ("no", "bf16", "fp16"):
         raise LaunchError(f"mixed_precision={precision} is not supported: use no, bf16 or fp16")

@@ -100,6 +100,58 @@ def test_the_checker_sees_a_stale_pointer():
         "rollout.build_samples", "memory.TipMemory.nothing", "tools/nowhere.py"]
 
 
+# ---- error strings: every config key a user is told about exists ---------------------------------------------------
+
+SECTION_KEY = re.compile(r"(?<![\w.])(" + "|".join(sorted(k for k in CONFIG_KEYS if "." not in k))
+                         + r")\.([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(?!\w|\()")
+
+
+def stale_keys_in_errors(source: str, modules: dict[str, Path]) -> list[str]:
+    """`section.key` tokens in the strings of raise statements and warnings.warn / sys.exit calls (what a user reads
+    when something goes wrong) that are neither a config key (or the prefix of some, `memory.p_`), a removed key
+    (config.REMOVED: its refusal names it), a data file (`model.safetensors`) nor a name of the project module of
+    that name (`train.update`). A call (`env.step(...)`) is not a key."""
+    from config import REMOVED
+
+    bad = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            said = [node.exc]
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) in ("warn",
+                                                                                                           "exit"):
+            said = node.args
+        else:
+            continue
+        for part in (c for s in said for c in ast.walk(s) if isinstance(c, ast.Constant) and isinstance(c.value, str)):
+            for match in SECTION_KEY.finditer(part.value):
+                section, rest = match.groups()
+                token = f"{section}.{rest}"
+                if (token in CONFIG_KEYS or token in REMOVED or any(k.startswith(token) for k in CONFIG_KEYS)
+                        or rest.split(".")[-1] in DATA_SUFFIXES
+                        or (section in modules and rest.split(".")[0] in names_in(modules[section])[""])):
+                    continue
+                bad.append(token)
+    return bad
+
+
+def test_errors_name_config_keys_that_exist():
+    modules = project_modules()
+    files = [p for p in ROOT.rglob("*.py") if not {".venv", "results", "tests"} & set(p.relative_to(ROOT).parts)]
+    assert len(files) > 40 and any(SECTION_KEY.search(p.read_text()) for p in files)  # the walk sees the project
+    problems = {str(p.relative_to(ROOT)): stale_keys_in_errors(p.read_text(), modules) for p in files}
+    assert not {path: bad for path, bad in problems.items() if bad}
+
+
+def test_the_error_checker_sees_a_stale_key():
+    modules = project_modules()
+    fine = ('raise ValueError(f"set train.minibatch_steps or --loss.kl_coef={x}, see train.update; memory.p_*")\n'
+            'warnings.warn("model.safetensors missing; env.step() failed; loss.advantage_eps (removed)")\n')
+    assert stale_keys_in_errors(fine, modules) == []
+    stale = ('raise LaunchError(f"use train.minibatches instead")\nsys.exit("set rollout.kv_cachee")\n'
+             'print("train.nothing is only printed")\n')
+    assert stale_keys_in_errors(stale, modules) == ["train.minibatches", "rollout.kv_cachee"]
+
+
 # ---- results/ scripts: what they import from the project exists ----------------------------------------------------
 
 def exported(path: Path) -> set[str]:
