@@ -18,10 +18,13 @@ Paper map (arXiv 2602.23008; the equations are written out in docs/algorithm.md)
                           episode (`"episode"`, GiGPO Eq. 3). Step level: rows of a group with the same anchor
                           state (the page without the task text, `Env.anchor_state()`) compared by their
                           discounted return G_it - p_it. The invalid-action penalty p_it hits its own row only.
+* `episode_advantages`  - what train.py calls once per iteration: GRPO or GiGPO (`loss.advantage`) on the played
+                          episodes, then the novelty tie-breaker (`intrinsic.coef`).
 
 Every function works in float64 and returns Python floats or tensors; a group of one has no baseline (advantage 0),
 a group whose returns are all equal has no signal (0, never NaN); eps = 1e-6 as the reference. The trainer calls
-them once per iteration (train.py); the objective that consumes them is losses.py.
+`episode_advantages` once per iteration (train.py), which picks GRPO or GiGPO and adds the novelty term; the
+objective that consumes them is losses.py.
 """
 from __future__ import annotations
 
@@ -205,3 +208,27 @@ def novelty_advantages(advantages: list, bonuses: list[float], scores: list[floa
                 extra = coef * h * (t[i] - t_mean) / 2
                 out[i] = [v + extra for v in out[i]] if isinstance(out[i], list) else out[i] + extra
     return out
+
+
+def episode_advantages(played: list, loss_cfg, coef: float) -> tuple[list, dict]:
+    """(advantages, counts) of an iteration's played episodes (rollout.Episode), as train.py uses them: GRPO's per
+    group of N episodes, or with loss.advantage "gigpo" GiGPO's per step as verl-agent computes it, then the novelty
+    bonus B_i = sum_t 1/n_t (the sum of Episode.intrinsic) as the tie-breaker on the score (`novelty_advantages`,
+    coef = intrinsic.coef; 0 = none). loss_cfg: config.LossConfig; counts: {"steps_with_anchor_credit"} (GiGPO)."""
+    groups, counts = [ep.group for ep in played], {}
+    if loss_cfg.advantage == "gigpo":
+        raw = [[r + p for r, p in zip(ep.rewards, ep.penalties)] for ep in played]  # rewards without penalty
+        scores = [sum(r) for r in raw]  # R_i, what the episode level compares (before each row's penalty)
+        advantages, credited = gigpo_step_advantages(
+            raw, [ep.penalties for ep in played], [ep.anchors for ep in played], groups,
+            gamma=loss_cfg.gigpo_gamma, weight=loss_cfg.gigpo_weight, divide_std=loss_cfg.gigpo_divide_std,
+            episode_stats=loss_cfg.gigpo_episode_stats)
+        counts["steps_with_anchor_credit"] = float(credited)
+    else:
+        scores = [ep.extrinsic_return for ep in played]
+        advantages = group_advantages(scores, groups)
+    if coef:
+        advantages = novelty_advantages(
+            advantages, [sum(ep.intrinsic) for ep in played], scores, groups, coef,
+            divide_std=loss_cfg.advantage != "gigpo" or loss_cfg.gigpo_divide_std)
+    return advantages, counts

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 import yaml
 
-from advantages import gigpo_step_advantages, group_advantages, novelty_advantages
+from advantages import episode_advantages
 from config import Config, ConfigError, config_help, load_config, split_cli, to_dict
 from engine.branches import supported as branches_supported
 from envs import make_env_pool
@@ -222,28 +222,6 @@ def sync_memory(memory, accelerator, clock) -> None:
     clock.lap("time_tips")
 
 
-def compute_advantages(played, cfg: Config) -> tuple[list, dict]:
-    """(advantages, counts): GRPO's per group of N episodes, or GiGPO's per step as verl-agent computes it
-    (advantages.py), then the novelty bonus B_i = sum_t 1/n_t as a tie-breaker on the score."""
-    groups, counts = [ep.group for ep in played], {}
-    if cfg.loss.advantage == "gigpo":
-        raw = [[r + p for r, p in zip(ep.rewards, ep.penalties)] for ep in played]  # rewards without penalty
-        scores = [sum(r) for r in raw]  # R_i, what the episode level compares (before each row's penalty)
-        advantages, credited = gigpo_step_advantages(
-            raw, [ep.penalties for ep in played], [ep.anchors for ep in played], groups,
-            gamma=cfg.loss.gigpo_gamma, weight=cfg.loss.gigpo_weight, divide_std=cfg.loss.gigpo_divide_std,
-            episode_stats=cfg.loss.gigpo_episode_stats)
-        counts["steps_with_anchor_credit"] = float(credited)
-    else:
-        scores = [ep.extrinsic_return for ep in played]
-        advantages = group_advantages(scores, groups)
-    if cfg.intrinsic.coef:
-        advantages = novelty_advantages(
-            advantages, [sum(ep.intrinsic) for ep in played], scores, groups, cfg.intrinsic.coef,
-            divide_std=cfg.loss.advantage != "gigpo" or cfg.loss.gigpo_divide_std)
-    return advantages, counts
-
-
 def make_samples(played, advantages, cfg: Config, model) -> list[Sample]:
     """samples.build_samples: the contexts each mode learns in (Table 3), every token's weight; a current-turn
     episode's steps branch-packed into one sequence wherever the attention takes a 4-D mask."""
@@ -370,7 +348,7 @@ def train(cfg: Config) -> dict:
                                     threads, bar, clock)  # 3. rollout; `played` leaves out episodes a crash cut
             tip_stats = reflect(model, chat, played, memory, cfg, envs[0])  # 4. tips
             sync_memory(memory, accelerator, clock)  # 5. memory sync
-            advantages, credit = compute_advantages(played, cfg)  # 6. GRPO or GiGPO + the novelty tie-breaker
+            advantages, credit = episode_advantages(played, cfg.loss, cfg.intrinsic.coef)  # 6. GRPO/GiGPO + novelty
             samples = make_samples(played, advantages, cfg, model)  # 7. samples
             old_stats = old_logprobs(model, reference, samples, chat.pad_id, cfg, accelerator)  # 8. (+ pi_ref's)
             update_metrics = update(model, optimizer, samples, cfg, accelerator, mode, chat.pad_id, random.Random(

@@ -459,7 +459,7 @@ def command_use_over_training(out: Path, arm: str, seeds: list[int]) -> dict[str
 
 
 def advantage_key(record: dict, intrinsic: dict) -> tuple[float, float]:
-    """What an episode's group-normalised advantage depends on (train.compute_advantages): equal keys in a whole
+    """What an episode's group-normalised advantage depends on (advantages.episode_advantages): equal keys in a whole
     group = a zero advantage for every episode. The novelty bonus coef * B_i breaks ties on the score (0 where a
     tie class's bonuses are equal). `intrinsic` is the run's own config section: runs recorded before
     intrinsic.combine and intrinsic.aggregate were removed (docs/LOG.md) may have "return" and "mean" there."""
