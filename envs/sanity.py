@@ -59,6 +59,11 @@ class SanityConfig:
     seed: int = 0  # the variations, their split and every command order derive from it
     action_correction: bool = True  # map a command not in the list to the closest listed one (word-set Jaccard)
     turn_reminder: bool = True  # end every later user turn with the answer instruction (as the first message does)
+    # The hard-exploration lab: "flip the main switch" (listed, names no colour) is needed between connecting the
+    # wire and pressing the button; only a premature press or focus reveals it. Lab only (garden never has it),
+    # difficulty <= 1, num_stages >= 3.
+    switch: bool = False
+    reward: str = "stages"  # "stages": each stage pays its share of 100; "success": stages pay 0, success pays 100
 
     def validate(self) -> None:
         """Raise ValueError naming the offending `env.sanity.<field>`."""
@@ -74,6 +79,11 @@ class SanityConfig:
         multi = [f for f in self.families if f != "pick"]
         if multi and self.difficulty == 2 and self.num_stages < 3:
             raise ValueError("env.sanity.difficulty=2 needs env.sanity.num_stages >= 3 (two stages to order)")
+        if self.reward not in ("stages", "success"):
+            raise ValueError(f"env.sanity.reward={self.reward!r} must be 'stages' or 'success'")
+        if self.switch and ("lab" not in self.families or self.difficulty > 1 or self.num_stages < 3):
+            raise ValueError("env.sanity.switch is the hard-exploration lab: it needs 'lab' in env.sanity.families, "
+                             "env.sanity.difficulty <= 1 and env.sanity.num_stages >= 3")
         for family in self.families:
             available = len(variations(family, self.key()))
             if self.train_variations + self.test_variations > available:
@@ -141,6 +151,8 @@ GARDEN = Family(
     fatal_result="You eat the wild berry. It is poisonous. Task failed.",
 )
 MULTI = {"lab": LAB, "garden": GARDEN}
+# The hard-exploration lab's extra stage (env.sanity.switch): one switch for the room, named by no colour.
+SWITCH = Stage("flip the main switch", "You flip the main switch.", "the main switch is off", "the main switch is on")
 PICK_WORD = "dax"  # the word that pays in every pick variation
 PICK_OTHERS = ("blick", "wug", "fep", "toma", "zorp", "kiki", "glorp", "snib", "vek", "mib", "tufa")
 
@@ -210,10 +222,14 @@ class SanityEnv(Env):
         target, others, order = table[task.variation]
         used = fam.prep[len(fam.prep) - (self.cfg.num_stages - 1):]  # the last num_stages - 1 prep stages
         stages = [used[i] for i in order] + [fam.final]
+        switch = self.cfg.switch and task.name == "lab"
+        if switch:  # between the wire and the button; `used` (what look around reports) never shows it
+            stages.insert(stages.index(fam.prep[2]), SWITCH)
         shown = [target, *others]
         rng.shuffle(shown)
         commands = ["look around"] + [s.command.format(k=k) for k in shown for s in (*used, fam.final)]
         commands += [fam.fatal] if self.cfg.fatal else []
+        commands += [SWITCH.command] if switch else []
         rng.shuffle(commands)
         return dict(commands=commands, gold=[s.command.format(k=target) for s in stages], family=fam,
                     target=target, stages=stages, shown=shown, used=used)
@@ -313,7 +329,7 @@ class SanityEnv(Env):
             self._ended_by = command
             return fam.fatal_result, -100 - self._score, True
         stage, key = next((s, k) for s in stages for k in self._lay["shown"]
-                          if s.command.format(k=k) == command)
+                          if s.command.format(k=k) == command)  # the switch: (SWITCH, the first object)
         if stage is fam.final and key != target:
             if self.cfg.fatal:  # as ScienceWorld's focus on a wrong object
                 self._ended_by = command
@@ -321,7 +337,7 @@ class SanityEnv(Env):
             return f"You {command}. It is not the one your task is about.", 0, False
         if command in self._done_stages:
             return f"Nothing happens: {stage.done.format(k=key)}.", 0, False
-        if key != target:  # a distractor's stage works but does nothing for the task
+        if key != target and stage is not SWITCH:  # a distractor's stage works but does nothing for the task
             self._done_stages.add(command)
             return stage.result.format(k=key), 0, False
         index = stages.index(stage)
@@ -330,11 +346,12 @@ class SanityEnv(Env):
             return f"That does not work yet: {stages[self._progress].todo.format(k=target)}.", 0, False
         self._done_stages.add(command)
         self._progress += 1
-        reward = stage_rewards(len(stages))[index]
+        last = index == len(stages) - 1
+        reward = stage_rewards(len(stages))[index] if self.cfg.reward == "stages" else 100 * last
         text = stage.result.format(k=target)
         if index == len(stages) - 2:
             text += " " + fam.ready.format(k=target)
-        return text, reward, index == len(stages) - 1
+        return text, reward, last
 
     # ------------------------------------------------------------------ prompts
 

@@ -270,3 +270,71 @@ def test_oracle_tips_say_only_what_the_episode_revealed():
     assert pick.oracle_tip() == ""
     play(pick, first(pick, "pick"), [PICK_WORD])
     assert pick.oracle_tip() == "The password is dax."
+
+
+# ----------------------------------------------------------------------------- the hard-exploration lab
+
+
+def switch_lab(**overrides) -> SanityEnv:
+    return SanityEnv(SanityConfig(**{"families": ["lab", "garden"], "switch": True, "reward": "success",
+                                     "num_distractors": 1, "max_steps": 4, **overrides}))
+
+
+def first_line(observation: str) -> str:
+    return observation.split("\n")[0]
+
+
+def test_the_switch_lab_by_hand():
+    """env.sanity.switch: "flip the main switch" (listed once, no colour) between the wire and the button; only a
+    premature press or focus reveals it; look around never does; reward "success": 0 per stage, 100 at the end."""
+    env = switch_lab()
+    task = first(env, "lab")
+    gold = env.gold_actions(task)
+    colour = gold[0].split()[2]
+    assert gold == [f"connect the {colour} wire", "flip the main switch", f"press the {colour} button",
+                    f"focus on the {colour} lamp"]
+    env.reset(task)
+    assert env.commands().count("flip the main switch") == 1 and len(env.commands()) == 9  # 1 + 2 x 3 + fatal + switch
+    obs, rewards, done, infos = play(env, task, gold)
+    assert rewards == [0.0, 0.0, 0.0, 100.0] and done and infos[-1]["success"] and infos[-1]["score"] == 100
+    assert [first_line(o) for o in (obs,)] == [f"You focus on the {colour} lamp. It shines: task complete. {OVER}"]
+
+    env.reset(task)
+    steps = [env.step(a) for a in (f"connect the {colour} wire", f"press the {colour} button",
+                                   f"focus on the {colour} lamp", "look around")]
+    assert [first_line(o) for o, *_ in steps] == [
+        f"You connect the {colour} wire.",
+        "That does not work yet: the main switch is off.",
+        "That does not work yet: the main switch is off.",
+        first_line(env.first_message) + f" Now the {colour} wire is connected, the {colour} button is not pressed. "
+                                        f"You are out of steps. {OVER}"]
+    assert [r for _, r, *_ in steps] == [0.0] * 4 and steps[-1][2] and steps[-1][3]["truncated"]
+    assert "switch" not in steps[-1][0].split("\n")[0]  # look around: the switch's state is never shown
+
+    env.reset(task)
+    assert first_line(env.step("flip the main switch")[0]) == f"That does not work yet: the {colour} wire is loose."
+    assert first_line(env.step(f"connect the {colour} wire")[0]) == f"You connect the {colour} wire."
+    assert first_line(env.step("flip the main switch")[0]) == "You flip the main switch."
+    assert first_line(env.step("flip the main switch")[0]) == f"Nothing happens: the main switch is on. You are out of " \
+                                                              f"steps. {OVER}"
+
+
+def test_the_switch_is_the_labs_only_and_stages_can_still_pay():
+    env = switch_lab()
+    garden = first(env, "garden")
+    assert "flip the main switch" not in commands_of(env, garden) and len(env.gold_actions(garden)) == 3
+    staged = switch_lab(reward="stages", num_stages=4, max_steps=6)
+    task = first(staged, "lab")
+    _, rewards, done, infos = play(staged, task, staged.gold_actions(task))
+    assert staged.gold_actions(task)[2] == "flip the main switch"  # open, connect, flip, press, focus
+    assert rewards == [20.0, 20.0, 20.0, 20.0, 20.0] and infos[-1]["success"]
+    plain = SanityEnv(SanityConfig(families=["lab"]))  # off by default: the lab as before
+    assert "flip the main switch" not in commands_of(plain, first(plain, "lab"))
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(families=["garden"]), "env.sanity.switch"), (dict(difficulty=2), "env.sanity.switch"),
+    (dict(num_stages=2), "env.sanity.switch"), (dict(reward="score"), "env.sanity.reward")])
+def test_the_switch_lab_refuses_other_settings(settings, message):
+    with pytest.raises(ValueError, match=message):
+        switch_lab(**settings)
