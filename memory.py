@@ -9,7 +9,7 @@ its first line). For every step i of that episode one `TipEntry(tip, action_i, r
 (`tip_entries`) is stored, rendered like the
 reference: "<tip>; At that timestep, the specific action your took was <a_i>; Eventually you got the score
 <R>/<max_score>." (ScienceWorld: "/100", the reference's text; max_score = Env.max_score(), the reward's scale).
-* exact de-duplication on the rendered text (and the goal), per key;
+* exact de-duplication on the rendered text (and the goal), per key (`similarity: exact`: the sentence at its state);
 * capacity per key (default 1000) with FIFO eviction of the oldest entry;
 * retrieval = the top-k (default 10) entries by stored return, stable for ties (insertion order), optionally
   after a similarity filter: a pluggable `scorer(query_state, entry_state) -> float` keeps entries scoring above
@@ -17,7 +17,8 @@ reference: "<tip>; At that timestep, the specific action your took was <a_i>; Ev
   The reference embeds the whole chat history with MiniLM, which truncates to 256 word pieces, so its keys are
   near-identical within a variation and retrieval is effectively "top-10 by score" (docs/decisions.md):
   `similarity: none` (the default) reproduces that; `jaccard` (or an embedding scorer) gives the state-dependent
-  retrieval the paper describes.
+  retrieval the paper describes; `exact` retrieves an entry only at its own state (`state_key`), for the sanity
+  lab's per-state oracle tips (rollout.tip_source=oracle).
 * a family slot (`key_by="family"`) holds many goals' tips: it ranks them first by word-set Jaccard between the
   entry's goal (its episode's first message, which holds the instruction) and the current one, then by return,
   then by insertion order, so a goal sees the tips of the closest goals first. A per-task slot holds one goal and
@@ -161,15 +162,23 @@ class EmbeddingScorer:
         return float(self.embed(a) @ self.embed(b))
 
 
+def exact(a: str, b: str) -> float:
+    """memory.similarity=exact: 1 for the same state (`state_key`), else 0. An entry is retrieved only at its own
+    state, and entries with the same text at different states are kept apart (TipMemory.add)."""
+    return float(state_key(a) == state_key(b))
+
+
 def make_scorer(name: str, embedding_model: str = "") -> Callable[[str, str], float] | None:
-    """The similarity filter of `memory.similarity`: none | jaccard | embedding."""
+    """The similarity filter of `memory.similarity`: none | jaccard | embedding | exact."""
     if name == "none":
         return None
+    if name == "exact":
+        return exact
     if name == "jaccard":
         return jaccard
     if name == "embedding":
         return EmbeddingScorer(embedding_model)
-    raise ValueError(f"unknown memory.similarity {name!r} (none | jaccard | embedding)")
+    raise ValueError(f"unknown memory.similarity {name!r} (none | jaccard | embedding | exact)")
 
 
 class TipMemory:
@@ -189,7 +198,7 @@ class TipMemory:
         self.scorer = make_scorer(scorer) if isinstance(scorer, str) else scorer
         self.threshold = threshold
         self.entries: dict[str, deque[TipEntry]] = {}
-        self.rendered: dict[str, set[tuple[str, str]]] = {}  # per-key de-duplication index: (text, goal)
+        self.rendered: dict[str, set[tuple[str, str, str]]] = {}  # per-key de-duplication index (`identity`)
         # a slot's entries in retrieval order per (slot, current goal); cleared whenever an entry is added, so the
         # goal similarities are computed once per goal per iteration, not at every step
         self.ranked: dict[tuple[str, str], list[TipEntry]] = {}
@@ -212,18 +221,25 @@ class TipMemory:
         key = self.slot(key)
         if self.key_by == "task" and entry.goal:
             entry = replace(entry, goal="")  # a task's slot holds one goal: nothing to rank by
-        text = (entry.render(), entry.goal)
+        text = self.identity(entry)
         seen = self.rendered.setdefault(key, set())
         if text in seen:
             return False
         slot = self.entries.setdefault(key, deque())
         if len(slot) >= self.capacity:
             old = slot.popleft()
-            seen.discard((old.render(), old.goal))
+            seen.discard(self.identity(old))
         slot.append(entry)
         seen.add(text)
         self.ranked.clear()
         return True
+
+    def identity(self, entry: TipEntry) -> tuple[str, str, str]:
+        """What makes two entries of a slot duplicates: the rendered line and the goal; with memory.similarity=exact
+        the sentence at its state (the same tip at two states is two entries, at one state one)."""
+        if self.scorer is exact:
+            return entry.tip, entry.goal, state_key(entry.state)
+        return entry.render(), entry.goal, ""
 
     def stage(self, key: str, entry: TipEntry) -> None:
         """Queue an entry for the next `sync` (how the rollout writes tips)."""

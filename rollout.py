@@ -12,6 +12,7 @@ One iteration's rollout (docs/algorithm.md):
 * a task whose first message leaves no room for its episode stops the run (`check_prompt_budget`, `check_first_turn`);
 * after every training episode the policy writes a one-sentence tip (`write_tips`); tips are never trained on.
   `rollout.tip_source: environment` is an ablation, not the paper: the environment's own tip (`Env.oracle_tip`);
+  `oracle`: the sanity lab's per-state tips (`Env.oracle_entries`), stored at their states (docs/sanity.md);
 * with `intrinsic.coef` > 0 each step earns the novelty bonus 1/n of the state it reached (`pay_novelty`, called by
   the trainer once every rank's visits of the iteration are counted, so n does not depend on the number of ranks).
 
@@ -40,7 +41,7 @@ from config import MODES, TIP_TEMPERATURE, ConfigError, IntrinsicConfig, MemoryC
 from envs.base import Env, Task
 from engine.generation import ChatStream, generate, prefill
 from engine.kvcache import PrefixCache, supports_kv_reuse
-from memory import TipMemory, clean_tip, tip_block, tip_entries
+from memory import TipEntry, TipMemory, clean_tip, tip_block, tip_entries
 from infra.runtime import derive_seed
 
 # The released (grammar-fixed) version of the paper's App. B tip-generation prompt.
@@ -116,6 +117,7 @@ class Episode:
     score: float | None = None  # the environment's own score at the end (WebShop: 100 x task reward, penalties aside)
     end: str = ""  # "" = still playing | "done" (the environment ended it) | cut: "steps" | "context" | "env_error"
     tip: str = ""  # the policy's tip (rollout.tip_source=environment: the environment's, set when the episode ends)
+    oracle: list[tuple[str, str]] = field(default_factory=list)  # tip_source=oracle: (state, tip) pairs, at the end
     seed: int | None = None  # this episode's own sampling stream (step t: derive_seed(seed, "step", t)); None: global
     kv_cache: PrefixCache | None = field(default=None, repr=False)  # kept for the tip (rollout.kv_reuse)
 
@@ -304,9 +306,11 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
     other episodes of the batch and of torch's global stream (None: the global stream). tip_placement="history"
     keeps every tip block where it was retrieved (one packed stream; not the paper's, a test path)."""
     assert len(envs) >= len(tasks), "need one environment per episode"
-    env_tips = cfg.tip_source == "environment"
+    env_tips, oracle = cfg.tip_source == "environment", cfg.tip_source == "oracle"
     if env_tips:
         envs[0].oracle_tip()  # refuses before anything is played when the environment writes no tips
+    if oracle:
+        envs[0].oracle_entries()  # the same for the oracle
     use_tips = mode != "no_memory" and memory is not None
     temperature = cfg.temperature if temperature is None else temperature
     windowed = cfg.history_window >= 0
@@ -393,6 +397,8 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
                 ep.end = "env_error" if info.get("env_error") else "steps" if info.get("truncated") else "done"
                 if env_tips:
                     ep.tip = envs[i].oracle_tip()
+                if oracle:
+                    ep.oracle = envs[i].oracle_entries()
                 if not keep_caches:
                     caches[i] = None
         step += 1
@@ -448,6 +454,14 @@ def write_tips(model, chat: ChatStream, episodes: list[Episode], memory: TipMemo
         ep.kv_cache = None
     if not todo:
         return {"tips_written": 0.0, "tips_empty": 0.0}
+    if cfg.tip_source == "oracle":  # the lab's oracle: one entry per (state, tip) pair, at that state; no generation
+        for ep in todo:
+            ep.tip, goal = (ep.oracle[0][1] if ep.oracle else ""), (ep.observations[0] if ep.observations else "")
+            for state, tip in ep.oracle if memory is not None else ():
+                memory.stage(ep.task.key, TipEntry(tip=tip, action="", ret=round(ep.extrinsic_return, 1), state=state,
+                                                   goal=goal, max_score=max_score))
+        written = sum(bool(ep.oracle) for ep in todo)
+        return {"tips_written": float(written), "tips_empty": float(len(todo) - written)}
     if cfg.tip_source == "environment":  # the ablation: no generation, the environment's tip (set by run_episodes)
         tips = [ep.tip for ep in todo]
     else:  # only the first line is kept (clean_tip): stop there; the caches are dropped after this call: no split

@@ -123,6 +123,12 @@ class Env(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} writes no tips of its own: rollout.tip_source=environment "
                                   "is an ablation of the sanity environment (env.name=sanity)")
 
+    def oracle_entries(self) -> list[tuple[str, str]]:
+        """rollout.tip_source=oracle: (state, command) pairs of the episode just played, one per step where a tip
+        helps: the observation a step was played at and the command needed there. Environments without one refuse."""
+        raise NotImplementedError(f"{type(self).__name__} has no oracle: rollout.tip_source=oracle is a setting of "
+                                  "the sanity environment's lab (env.name=sanity)")
+
     def max_score(self) -> float:
         """The best return of an episode on the reward's own scale (a tip shows its return out of it)."""
         return 100.0

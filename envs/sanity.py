@@ -43,6 +43,8 @@ from envs.scienceworld.prompts import best_match, clean_action  # pure text help
 FAMILIES = ("lab", "garden", "pick")
 RESPOND = "Respond with exactly one command from the list, no other words."
 OVER = "The episode is over."
+NOT_YET = "That does not work yet:"  # a target stage tried too early; the rest names the first unmet stage
+ORACLE_TIP = 'The command to play now is "{command}".'  # rollout.tip_source=oracle: quotes that command, no other
 
 
 @dataclass
@@ -267,6 +269,7 @@ class SanityEnv(Env):
         self._done_stages: set[str] = set()  # commands of stages done so far (target and distractors)
         self._progress = 0  # target stages done, in solution order
         self._revealed = -1  # the index of the target stage a "That does not work yet" named last (oracle_tip)
+        self._needed: list[tuple[str, str, bool]] = []  # per step: (its state, the gold command needed there, revealed)
         self._ended_by = ""  # the command that failed the task (a fatal one or a focus on a distractor)
         self._score = 0
         self._steps = 0
@@ -292,6 +295,7 @@ class SanityEnv(Env):
             return OVER, 0.0, True, dict(self._last_info, action="")
         commands = self._lay["commands"]
         executed, corrected = cleaned, False
+        state, before = (self._history[-1][1] if self._history else self._first_message), self._progress
         if self._task.name == "pick":  # one action: the first listed word the answer says is the password tried
             said = [w for w in re.findall(r"[a-z]+", cleaned) if w in commands]
             executed, corrected = (said[0] if said else ""), bool(said) and said[0] != cleaned
@@ -316,6 +320,8 @@ class SanityEnv(Env):
         info = self._info(action=executed, truncated=truncated, raw_action=cleaned, corrected=corrected)
         self._history.append((cleaned, observation))
         self._last_info = info
+        if self._task.name != "pick":  # the command needed at this step's state, and whether the step revealed it
+            self._needed.append((state, self._lay["gold"][before], text.startswith(NOT_YET)))
         return observation, float(reward), ended, info
 
     def _execute(self, command: str) -> tuple[str, int, bool]:
@@ -343,7 +349,7 @@ class SanityEnv(Env):
         index = stages.index(stage)
         if index > self._progress:  # too early: report the first unmet condition, like "The door is closed."
             self._revealed = self._progress
-            return f"That does not work yet: {stages[self._progress].todo.format(k=target)}.", 0, False
+            return f"{NOT_YET} {stages[self._progress].todo.format(k=target)}.", 0, False
         self._done_stages.add(command)
         self._progress += 1
         last = index == len(stages) - 1
@@ -393,6 +399,20 @@ class SanityEnv(Env):
         if self._ended_by:
             parts.append(f"Never {self._ended_by}: it fails the task.")
         return " ".join(parts)
+
+    def oracle_entries(self) -> list[tuple[str, str]]:
+        """rollout.tip_source=oracle (lab and garden): (state, tip) for each step where a tip helps. A step whose
+        command was tried too early ("That does not work yet: ...") gets, at the state it was played in, the
+        command that was missing; after a success every step's state gets the gold command needed there. The tip
+        quotes that command and no other (ORACLE_TIP). Once per state, in step order; [] for pick."""
+        if self._task is None:
+            return []
+        success = self._score >= 100
+        out: dict[str, str] = {}
+        for state, needed, revealed in self._needed:
+            if (revealed or success) and state not in out:
+                out[state] = ORACLE_TIP.format(command=needed)
+        return list(out.items())
 
     def step_limit(self, task: Task) -> int:
         return 1 if task.name == "pick" else self.cfg.max_steps

@@ -196,3 +196,12 @@ def test_kl_to_the_reference_needs_a_non_negative_coefficient_and_a_known_estima
         load_config(None, ["--loss.kl_coef=-0.01"])
     with pytest.raises(ConfigError, match="loss.kl_estimator"):
         load_config(None, ["--loss.kl_estimator=k3"])
+
+
+def test_the_oracle_needs_exact_retrieval_and_the_sentence_alone():
+    ok = load_config(None, ["--env.name=sanity", "--env.sanity.switch=true", "--rollout.tip_source=oracle",
+                            "--memory.similarity=exact", "--rollout.tip_format=tip_only"])
+    assert ok.rollout.tip_source == "oracle" and ok.env.sanity.switch
+    for missing in (["--memory.similarity=exact"], ["--rollout.tip_format=tip_only"]):
+        with pytest.raises(ConfigError, match="rollout.tip_source=oracle needs memory.similarity=exact"):
+            load_config(None, ["--rollout.tip_source=oracle", *missing])

@@ -210,3 +210,19 @@ def test_family_key_shares_tips_across_goals_and_keeps_novelty_per_task():
     assert memory.visit_count("webshop/3", "search page") == 1 and memory.visit_count("webshop/7", "search page") == 0
     with pytest.raises(ConfigError, match="memory.key"):
         load_config(None, ["--memory.key=goal"])
+
+
+def test_exact_similarity_retrieves_a_tip_only_at_its_own_state():
+    """memory.similarity=exact: an entry is retrieved at its state (up to case and spacing, `state_key`) and nowhere
+    else; the same sentence at two states is two entries, at one state one (whatever its action or return)."""
+    memory = TipMemory(scorer="exact", top_k=5)
+    assert memory.add("k", TipEntry(tip="Flip it.", action="", ret=0.0, state="After the wire."))
+    assert memory.add("k", TipEntry(tip="Flip it.", action="", ret=0.0, state="At the start."))
+    assert not memory.add("k", TipEntry(tip="Flip it.", action="x", ret=100.0, state="after  the WIRE."))
+    assert memory.add("k", TipEntry(tip="Press it.", action="", ret=0.0, state="After the wire."))
+    assert [e.tip for e in memory.retrieve("k", "after the wire.", form="tip_only")] == ["Flip it.", "Press it."]
+    assert [e.tip for e in memory.retrieve("k", "At the start.", form="tip_only")] == ["Flip it."]
+    assert memory.retrieve("k", "After the wire. Now the lamp is on.", form="tip_only") == []
+    loose = TipMemory(scorer="jaccard", top_k=5)  # other scorers keep their de-duplication: text and goal
+    loose.add("k", TipEntry(tip="Flip it.", action="", ret=0.0, state="After the wire."))
+    assert not loose.add("k", TipEntry(tip="Flip it.", action="", ret=0.0, state="At the start."))

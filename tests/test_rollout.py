@@ -496,3 +496,46 @@ def test_environment_tips_are_what_a_replay_of_the_episode_reveals(policy, rooms
     assert len(memory.pending_tips) == sum(len(ep.actions) for ep in eps if ep.tip)
     with pytest.raises(NotImplementedError, match="tip_source=environment"):  # refused before anything is played
         run_episodes(model, chat, [rooms_env(3)], [Task("rooms", 0)], [0], mode="no_memory", memory=memory, cfg=cfg)
+
+
+def test_oracle_tips_are_stored_at_their_state_and_shown_only_there(monkeypatch, qwen25_tokenizer):
+    """rollout.tip_source=oracle in the switch lab, scripted actions (no model): an episode that presses the button
+    too early stores, at the state it pressed in, the tip naming the switch (quoting that command and no other);
+    write_tips generates nothing. With memory.similarity=exact and tip_format=tip_only the next episode is shown
+    exactly that sentence at that state and no tip elsewhere."""
+    import rollout
+    from envs.sanity import SanityConfig, SanityEnv
+
+    settings = SanityConfig(families=["lab"], switch=True, reward="success", num_distractors=1, max_steps=4)
+    task = SanityEnv(settings).tasks("train")[0]
+    colour = SanityEnv(settings).gold_actions(task)[0].split()[2]
+    chat = ChatStream(qwen25_tokenizer)
+    script = iter([f"connect the {colour} wire", f"press the {colour} button", "look around", "look around",
+                   f"connect the {colour} wire", "flip the main switch", f"press the {colour} button",
+                   f"focus on the {colour} lamp"])
+    monkeypatch.setattr(rollout, "generate_actions", lambda model, chat_, contexts, caches=None, **kw: [
+        chat.encode(next(script)) for _ in contexts])
+    cfg = RolloutConfig(max_action_tokens=16, max_prompt_tokens=4000, kv_reuse=False, tip_source="oracle",
+                        tip_format="tip_only")
+    memory = TipMemory(scorer="exact", top_k=3)
+    first = run_episodes(None, chat, [SanityEnv(settings)], [task], [0], mode="on_policy_tips", memory=memory,
+                         cfg=cfg)[0]
+    assert first.oracle == [(first.observations[1], 'The command to play now is "flip the main switch".')]
+    stats = write_tips(None, chat, [first], memory, cfg)
+    memory.sync()
+    assert stats == {"tips_written": 1.0, "tips_empty": 0.0} and memory.size(task.key) == 1
+    second = run_episodes(None, chat, [SanityEnv(settings)], [task], [0], mode="on_policy_tips", memory=memory,
+                          cfg=cfg)[0]
+    assert second.success and second.observations[1] == first.observations[1]
+    assert second.tips_shown[0] == second.tips_shown[2] == second.tips_shown[3] == ""
+    assert second.tips_shown[1] == chat.plain(tip_block([memory.entries[task.key][0]], "tip_only"))
+    assert 'The command to play now is "flip the main switch".' in second.tips_shown[1]
+    # After the success every state on its path gets the command needed there (the one already stored is kept).
+    write_tips(None, chat, [second], memory, cfg)
+    memory.sync()
+    assert [(e.state == s, e.tip) for e, s in zip(memory.entries[task.key], second.observations[1:2] + [
+        second.observations[0]] + second.observations[2:])] == [
+        (True, 'The command to play now is "flip the main switch".'),
+        (True, f'The command to play now is "connect the {colour} wire".'),
+        (True, f'The command to play now is "press the {colour} button".'),
+        (True, f'The command to play now is "focus on the {colour} lamp".')]

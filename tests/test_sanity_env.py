@@ -338,3 +338,29 @@ def test_the_switch_is_the_labs_only_and_stages_can_still_pay():
 def test_the_switch_lab_refuses_other_settings(settings, message):
     with pytest.raises(ValueError, match=message):
         switch_lab(**settings)
+
+
+def test_oracle_entries_name_the_command_needed_at_each_state_by_hand():
+    """rollout.tip_source=oracle: a premature command stores, at the state it was tried in, the missing command; a
+    success stores every state's next gold command; an episode that revealed nothing stores nothing. Each tip
+    quotes its command and no other."""
+    env = switch_lab()
+    task = first(env, "lab")
+    connect, flip, press, focus = env.gold_actions(task)
+    tip = 'The command to play now is "{}".'.format
+    start = env.reset(task)
+    after_connect = env.step(connect)[0]
+    refused = env.step(press)[0]  # too early: the switch is revealed at the state it was tried in
+    env.step(press)  # again, from the refusal's observation: another state, another entry
+    env.step(press)  # the same state again: no new entry
+    assert env.oracle_entries() == [(after_connect, tip(flip)), (refused, tip(flip))]
+    env.reset(task)
+    for action in ("look around", connect, "look around", "look around"):
+        env.step(action)
+    assert env.oracle_entries() == []  # nothing revealed, no success
+    states = [env.reset(task)] + [env.step(a)[0] for a in (connect, flip, press)]
+    env.step(focus)
+    assert env.oracle_entries() == [(states[0], tip(connect)), (states[1], tip(flip)), (states[2], tip(press)),
+                                    (states[3], tip(focus))]
+    assert states[0] == start and states[1] == after_connect
+    assert all(text.count('"') == 2 for _, text in env.oracle_entries())  # one quoted command per tip
