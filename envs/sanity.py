@@ -400,6 +400,13 @@ class SanityEnv(Env):
             parts.append(f"Never {self._ended_by}: it fails the task.")
         return " ".join(parts)
 
+    def harmless_commands(self) -> list[str]:
+        """The listed lab/garden commands that can never end the episode: all but the fatal command and the focus
+        on another object (tools/warmup.py's tip-reading warm-up names one of them in a tip instead of the gold one)."""
+        fam, target = self._lay["family"], self._lay["target"]
+        focus = {fam.final.command.format(k=k) for k in self._lay["shown"] if k != target}
+        return [c for c in self._lay["commands"] if c != fam.fatal and c not in focus]
+
     def oracle_entries(self) -> list[tuple[str, str]]:
         """rollout.tip_source=oracle (lab and garden): (state, tip) for each step where a tip helps. A step whose
         command was tried too early ("That does not work yet: ...") gets, at the state it was played in, the

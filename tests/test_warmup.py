@@ -99,3 +99,45 @@ def test_bad_warmup_and_init_adapter_settings_are_refused():
         small_config("--model.init_adapter=x", "--loss.kl_coef=0.01")
     with pytest.raises(ConfigError, match="history_window"):
         warmup(small_config("--rollout.history_window=2"), "garden", 1, 1e-4, None)
+
+
+def test_tip_episodes_show_tips_as_the_rollout_does_and_name_other_commands_half_the_time(qwen25_tokenizer):
+    """tools.warmup.tip_episode (--tip_share): every step's context is the chat template's rendering of the tip-free
+    history plus the current turn with its tip block (memory.tip_block, tip_only, before the answer instruction at
+    step 0, before the reminder later), the target is the command the tip names, about half of the tips name a
+    harmless non-gold command, every episode still succeeds, and no tip names anything of the lab."""
+    import random
+
+    from envs.sanity import ORACLE_TIP, SanityConfig, SanityEnv
+    from memory import TipEntry, tip_block
+    from rollout import tips_before
+    from tools.warmup import tip_episode
+
+    env = SanityEnv(SanityConfig(families=["garden"], num_distractors=2, max_steps=6, train_variations=32,
+                                 test_variations=0))
+    chat, rng = ChatStream(qwen25_tokenizer), random.Random(0)
+    episodes = [tip_episode(env, task, chat, [], env.turn_reminder(), 0.6, rng) for task in env.tasks("train")]
+    steps = [s for ep in episodes for s in ep]
+    tips = [s for s in steps if s[2]]
+    other = [s for s in tips if s[2] != s[3]]
+    # seed 0: 125 steps, 69 with a tip (share 0.6), 29 of them naming another command (spare steps permitting)
+    assert (len(steps), len(tips), len(other)) == (125, 69, 29)
+    assert all(a == chat.encode(named or gold) + [chat.eos_id] for _, a, named, gold in steps)  # the tip's command
+    lab_words = {"lamp", "wire", "button", "switch", "panel", "red", "blue", "green"}
+    assert not any(lab_words & set(s[2].split()) for s in tips)
+    # Independently: replay each episode and render every step's conversation with the chat template.
+    for task, ep in zip(env.tasks("train"), episodes):
+        observation, history = env.reset(task), []
+        for k, (context, _, named, gold) in enumerate(ep):
+            block = tip_block([TipEntry(tip=ORACLE_TIP.format(command=named), action="", ret=0.0)], "tip_only") \
+                if named else ""
+            turn = (tips_before(observation, block, env.answer_instruction()) if k == 0
+                    else observation + block + env.turn_reminder())
+            messages = history + [{"role": "user", "content": turn}]
+            rendered = qwen25_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            assert qwen25_tokenizer.decode(context) == rendered, (task, k)
+            action = named or gold
+            history += [{"role": "user", "content": observation + (env.turn_reminder() if k else "")},
+                        {"role": "assistant", "content": action}]
+            observation = env.step(action)[0]
+        assert env.step("look around")[0] == "The episode is over."  # it ended, in success (tip_episode checks)
