@@ -6,7 +6,7 @@ Paper map (arXiv 2602.23008; the equations are written out in docs/algorithm.md)
                           of one task row), std unbiased as in the reference; R_i is the score.
 * `novelty_advantages`  - §4.2's novelty bonus, which really reaches the advantage (the reference release computes it
                           and then ignores it), as a tie-breaker: B_i = sum_t 1/n_t = sum(Episode.intrinsic), paid
-                          by rollout.pay_novelty from memory.py's visit counts (every rank's),
+                          by memory.pay_novelty from memory.py's visit counts (every rank's),
                           centred among the episodes tied on i's score and bounded so that it orders them by
                           exploration but never reorders scores or flips a score advantage's sign, and summing
                           to zero in each tie class (docs/algorithm.md §6).

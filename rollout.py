@@ -13,7 +13,7 @@ One iteration's rollout (docs/algorithm.md):
 * after every training episode the policy writes a one-sentence tip (`write_tips`); tips are never trained on.
   `rollout.tip_source: environment` is an ablation, not the paper: the environment's own tip (`Env.oracle_tip`);
   `oracle`: the sanity lab's per-state tips (`Env.oracle_entries`), stored at their states (docs/sanity.md);
-* with `intrinsic.coef` > 0 each step earns the novelty bonus 1/n of the state it reached (`pay_novelty`, called by
+* with `intrinsic.coef` > 0 each step earns the novelty bonus 1/n of the state it reached (`memory.pay_novelty`, called by
   the trainer once every rank's visits of the iteration are counted, so n does not depend on the number of ranks).
 
 Token streams (docs/decisions.md). An episode is recorded token-in/token-out: `Episode.ids` are exactly the ids the
@@ -33,15 +33,14 @@ from __future__ import annotations
 import random
 import re
 import warnings
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from config import MODES, TIP_TEMPERATURE, ConfigError, IntrinsicConfig, MemoryConfig, RolloutConfig
+from config import MODES, TIP_TEMPERATURE, ConfigError, MemoryConfig, RolloutConfig
 from envs.base import Env, Task
 from engine.generation import ChatStream, generate, prefill
 from engine.kvcache import PrefixCache, supports_kv_reuse
-from memory import TipEntry, TipMemory, clean_tip, tip_block, tip_entries
+from memory import TipMemory, clean_tip, oracle_tip_entries, tip_block, tip_entries
 from infra.runtime import derive_seed
 
 # The released (grammar-fixed) version of the paper's App. B tip-generation prompt.
@@ -268,29 +267,6 @@ def kv_reuse_enabled(model, cfg: RolloutConfig) -> bool:
     return cfg.kv_reuse
 
 
-def counts_novelty(mode: str, memory: TipMemory | None, intrinsic: IntrinsicConfig | None) -> bool:
-    """Whether this rollout pays the novelty bonus (needs the memory's visit counts)."""
-    if memory is None or intrinsic is None or intrinsic.coef <= 0:
-        return False
-    return mode != "no_memory" or not intrinsic.memory_modes_only
-
-
-def pay_novelty(episodes: list[Episode], memory: TipMemory, gather: Callable[[object], list] | None = None) -> None:
-    """Count every state this iteration's rollout visited, on every rank, THEN pay each step 1/n of the state it
-    reached (`Episode.states`; a None state, after an environment crash, is neither counted nor paid).
-
-    gather(obj) returns every rank's obj in rank order (one collective; None = single process): every rank counts
-    every rank's visits before any bonus is paid, so an episode's B_i = sum_t 1/n_t is the same on 1 process and on
-    8 for the same episodes, and the counts stay identical on all ranks. Counting first makes the bonus independent
-    of episode order too (counting while stepping paid the first episode to reach a new state 1, the next 1/2)."""
-    mine = [(ep.task.key, state) for ep in episodes for state in ep.states if state is not None]
-    for visits in gather(mine) if gather is not None else [mine]:
-        for key, state in visits:
-            memory.visit(key, state)
-    for ep in episodes:
-        ep.intrinsic = [0.0 if s is None else 1.0 / memory.visit_count(ep.task.key, s) for s in ep.states[1:]]
-
-
 def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], groups: list[int], *, mode: str,
                  memory: TipMemory | None, cfg: RolloutConfig,
                  temperature: float | None = None, pool: ThreadPoolExecutor | None = None,
@@ -299,7 +275,7 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
     """Play len(tasks) episodes in lockstep, one env each (envs[i] plays tasks[i]).
 
     groups[i]: the GRPO group of episode i; memory: tips to retrieve in memory modes; every episode records the
-    states it visited (`Episode.states`) for the novelty bonus, which the caller pays (`pay_novelty`);
+    states it visited (`Episode.states`) for the novelty bonus, which the caller pays (`memory.pay_novelty`);
     temperature: defaults to cfg.temperature (evaluation passes its own); keep_caches: leave each episode's KV
     cache on `Episode.kv_cache` for `write_tips` (with rollout.kv_reuse; otherwise a cache is freed when its
     episode ends); seeds[i]: episode i samples from its own streams (engine.generation.RowSampler), independently of the
@@ -456,10 +432,9 @@ def write_tips(model, chat: ChatStream, episodes: list[Episode], memory: TipMemo
         return {"tips_written": 0.0, "tips_empty": 0.0}
     if cfg.tip_source == "oracle":  # the lab's oracle: one entry per (state, tip) pair, at that state; no generation
         for ep in todo:
-            ep.tip, goal = (ep.oracle[0][1] if ep.oracle else ""), (ep.observations[0] if ep.observations else "")
-            for state, tip in ep.oracle if memory is not None else ():
-                memory.stage(ep.task.key, TipEntry(tip=tip, action="", ret=round(ep.extrinsic_return, 1), state=state,
-                                                   goal=goal, max_score=max_score))
+            ep.tip = ep.oracle[0][1] if ep.oracle else ""
+            for entry in oracle_tip_entries(ep, max_score) if memory is not None else ():
+                memory.stage(ep.task.key, entry)
         written = sum(bool(ep.oracle) for ep in todo)
         return {"tips_written": float(written), "tips_empty": float(len(todo) - written)}
     if cfg.tip_source == "environment":  # the ablation: no generation, the environment's tip (set by run_episodes)

@@ -237,7 +237,7 @@ def test_results_scripts_find_the_project():
 def test_the_import_checker_sees_a_stale_import():
     modules = project_modules()
     fine = ("import rollout\nfrom engine import generation\nfrom infra.models import load_policy\n"
-            "from rollout import generate\nrollout.pay_novelty\ngeneration.generate\n"
+            "from rollout import generate\nrollout.run_episodes\ngeneration.generate\n"
             "try:\n    from models import load_policy\nexcept ImportError:\n    pass\n")
     assert stale_imports(fine, modules) == []
     stale = ("from advantages import intrinsic_return\nimport rollout as r\nr.nothing_here\n"

@@ -15,10 +15,10 @@ import torch
 from config import IntrinsicConfig, MemoryConfig, RolloutConfig
 from envs.base import Task
 from losses import compute_old_logprobs, sequence_action_logprobs
-from memory import TipEntry, TipMemory, clean_tip, tip_block
+from memory import TipEntry, TipMemory, clean_tip, counts_novelty, pay_novelty, tip_block
 from samples import build_samples, per_step_samples
 from rollout import (ChatStream, ContextBudgetError, Episode, draw_mode,
-                     counts_novelty, generate_actions, pay_novelty, run_episodes,
+                     generate_actions, run_episodes,
                      write_tips)
 
 from chat_reference import QWEN25_SYSTEM, first_difference, render_episode

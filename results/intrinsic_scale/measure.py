@@ -6,7 +6,7 @@ Plays GRPO groups of `--group` episodes of up to 30 steps with uniformly random 
 times per variation (novelty counts persist across rollouts, as in training), and reports per episode the
 extrinsic return and the novelty part of the advantage's return under
   before: counts updated while stepping (episode-index order) and summed over steps (coef 1);
-  after:  counts taken after the rollout (rollout.pay_novelty), averaged over steps (the removed
+  after:  counts taken after the rollout (memory.pay_novelty), averaged over steps (the removed
           `intrinsic.aggregate: mean`) and summed over steps (B_i as train.py takes it now).
 A random policy visits about as many new states as an early policy does, which is when the bonus matters most.
 """
@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from envs.base import Task  # noqa: E402
 from envs.scienceworld import ScienceWorldConfig, ScienceWorldEnv  # noqa: E402
 from memory import TipMemory  # noqa: E402
-from rollout import Episode, pay_novelty  # noqa: E402
+from memory import pay_novelty  # noqa: E402
+from rollout import Episode  # noqa: E402
 
 
 def play_group(env: ScienceWorldEnv, task: Task, group: int, rng: random.Random):
@@ -69,9 +70,10 @@ def main() -> None:
                         if step < len(states):
                             state = states[step]
                             bonus_before[i].append(0.0 if state is None else 1.0 / before_memory.visit(task.key, state))
-                # after: rollout.pay_novelty, mean over steps
-                episodes = [Episode(task=task, group=0, mode="no_memory", rewards=[0.0] * len(r)) for r in reached]
-                pay_novelty(episodes, firsts, reached, after_memory)
+                # after: memory.pay_novelty, mean over steps
+                episodes = [Episode(task=task, group=0, mode="no_memory", rewards=[0.0] * len(r), states=[f] + r)
+                            for f, r in zip(firsts, reached)]
+                pay_novelty(episodes, after_memory)
                 for i, ep in enumerate(episodes):
                     rows.append({"variation": variation, "rollout": rollout, "steps": len(reached[i]),
                                  "extrinsic_return": returns[i], "intrinsic_before_sum": float(sum(bonus_before[i])),

@@ -4,7 +4,7 @@
 
 Reads the episodes measure.py wrote (groups = one variation's rollout, 8 episodes), takes the score-decided GRPO
 advantage of each episode from its extrinsic return and its novelty B_i = sum_t 1/n_t (`intrinsic_after_sum`, the
-counting rollout.pay_novelty does), and reports for three forms of the novelty term
+counting memory.pay_novelty does), and reports for three forms of the novelty term
   before:   coef * (B_i - group mean of B)                         (advantages.novelty_advantages until 10b5c70)
   centred:  coef * h_c * t_i,  t_i = tanh(B_i - mean_c B)          (the tie-breaker until issue 48)
   after:    coef * h_c * (t_i - mean_c t) / 2                      (advantages.novelty_advantages now)
