@@ -144,7 +144,8 @@ def clipped_policy_loss(
     ref_logp:      [S, T] reference-policy log-probs (no grad): + kl_coef x KL(pi || pi_ref), the same weights,
                    over every action token (the low-probability mask drops only the surrogate, as verl)
 
-    Returns (loss = sum_{s,t} w * keep * l / normaliser, metrics: floats over action tokens). With the defaults:
+    Returns (loss = sum_{s,t} w * keep * l / normaliser, metrics: floats over action tokens, and counts of
+    positive-advantage tokens: all, clipped, masked). With the defaults:
     the mean over samples of per-sample token means.
     """
     action_mask = action_mask.float()
@@ -186,6 +187,7 @@ def clipped_policy_loss(
         clipped = (token_loss.detach() != loss_unclipped.detach()).float() * action_mask
         dual = ((advantages < 0) & (loss_dual.detach() < loss_ppo.detach())).float() * action_mask
         masked_ratio = ratio.detach() * action_mask
+        positive = (advantages > 0).float() * action_mask  # the tokens a policy should learn to play more
         metrics = {
             "ratio_mean": (masked_ratio.sum() / n_tokens).item(),
             "ratio_max": masked_ratio.max().item() if action_mask.any() else 0.0,
@@ -195,6 +197,10 @@ def clipped_policy_loss(
             # k3 estimator of KL(old || new) = E_old[(r - 1) - log r], over the tokens that are trained on
             "approx_kl": ((((ratio - 1) - log_ratio).detach() * keep).sum() / n_kept).item(),
             "action_tokens": float(action_mask.sum().item()),
+            # counts over positive-advantage tokens (off-policy: the tip-guided actions to distil): clipped, masked
+            "pos_adv_tokens": float(positive.sum().item()),
+            "pos_adv_clipped": float((clipped * positive).sum().item()),
+            "pos_adv_masked": float(((action_mask - keep) * positive).sum().item()),
         }
         if kl is not None:
             metrics["kl_ref"] = (kl.detach().sum() / n_tokens).item()

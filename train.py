@@ -69,6 +69,9 @@ from samples import Context, Sample, build_samples, minibatch_normaliser, split_
 # ----------------------------------------------------------------------------- the update
 
 
+TOKEN_COUNTS = ("action_tokens", "pos_adv_tokens", "pos_adv_clipped", "pos_adv_masked")  # summed, not averaged
+
+
 def update(model, optimizer, samples, cfg: Config, accelerator, mode: str, pad_id: int, rng: random.Random,
            sharded: bool = False) -> dict:
     """`train.epochs` passes of shuffled mini-batches of about `train.minibatch_steps` environment steps each: the
@@ -117,8 +120,8 @@ def update(model, optimizer, samples, cfg: Config, accelerator, mode: str, pad_i
                 finite = finite and bool(torch.isfinite(loss))
                 if not real or not torch.isfinite(loss):
                     continue
-                for key, value in metrics.items():  # means weighted by samples; the token count summed
-                    sums[key] = sums.get(key, 0.0) + value * (1 if key == "action_tokens" else len(micro))
+                for key, value in metrics.items():  # means weighted by samples; token counts summed
+                    sums[key] = sums.get(key, 0.0) + value * (1 if key in TOKEN_COUNTS else len(micro))
                 minibatch_loss += loss.item()
                 ratio_max = max(ratio_max, metrics["ratio_max"])
                 weight += len(micro)
@@ -135,7 +138,10 @@ def update(model, optimizer, samples, cfg: Config, accelerator, mode: str, pad_i
             steps += 1
             loss_sum += minibatch_loss
             grad_norms.append(grad_norm.item())
-    out = {key: value / max(weight, 1.0) for key, value in sums.items()}
+    out = {key: value / max(weight, 1.0) for key, value in sums.items() if key not in TOKEN_COUNTS}
+    positive = sums.get("pos_adv_tokens", 0.0)  # shares of the positive-advantage tokens clipped / masked
+    out.update(pos_adv_tokens=positive, pos_adv_clip_frac=sums.get("pos_adv_clipped", 0.0) / max(positive, 1.0),
+               pos_adv_masked_frac=sums.get("pos_adv_masked", 0.0) / max(positive, 1.0))
     # This rank's part of the mean mini-batch loss: the ranks' parts add up to it (infra.metrics.SUMMED_KEYS).
     out.update(loss=loss_sum / max(steps, 1), ratio_max=ratio_max, optimizer_steps=float(steps),
                skipped_updates=float(skipped), grad_norm=float(np.mean(grad_norms)) if grad_norms else 0.0,

@@ -85,7 +85,7 @@ def episode_metrics(episodes: list[EpisodeStats], memory=None) -> dict:
 
 # Update statistics that are counts (summed over ranks) and ones that are equal on all ranks or maxima.
 # loss: each rank holds its part of the mean; old_logp_tokens: its own forward positions
-SUMMED_KEYS = ("samples", "train_steps", "action_tokens", "loss", "old_logp_tokens")
+SUMMED_KEYS = ("samples", "train_steps", "action_tokens", "loss", "old_logp_tokens", "pos_adv_tokens")
 MAX_KEYS = ("ratio_max", "optimizer_steps", "skipped_updates")  # optimiser steps are global: equal on all ranks
 
 

@@ -95,6 +95,18 @@ def test_token_lowprob_mask_drops_tokens_keeps_normaliser():
     assert logp.grad.tolist() == [[-0.5, 0.0]]
 
 
+def test_positive_advantage_counts_hand_computed():
+    """The off-policy diagnostics: of the A > 0 tokens, how many the clip and the low-probability mask silence.
+    Tokens: (ratio 2, A 1) clipped; (ratio 1, A 1, logp -6) masked; (ratio 1, A 1) kept; (ratio 2, A -1) not
+    counted (A < 0, clipped); a padding token with A 1 not counted."""
+    logp = torch.tensor([[-1.0 + math.log(2.0), -6.0, -1.0, -1.0 + math.log(2.0), -1.0]])
+    old = torch.tensor([[-1.0, -6.0, -1.0, -1.0, -1.0]])
+    adv = torch.tensor([[1.0, 1.0, 1.0, -1.0, 1.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0]])
+    _, m = clipped_policy_loss(logp, old, adv, mask, lowprob_mask="token", lowprob_logp_threshold=-5.0)
+    assert (m["pos_adv_tokens"], m["pos_adv_clipped"], m["pos_adv_masked"]) == (3.0, 1.0, 1.0)
+
+
 def test_sequence_lowprob_mask_drops_whole_sample():
     logp = torch.tensor([[-1.0, -1.0], [-1.0, -1.0]])
     old = torch.tensor([[-1.0, -7.0], [-1.0, -1.0]])  # sample 1 has an old log-prob below -5
