@@ -40,7 +40,8 @@ def test_area_is_the_trapezoid_mean_over_training():
 
 
 def test_arms_differ_only_by_their_overrides():
-    assert set(compare.ARMS) == {"grpo", "empo2", "empo2_no_off_policy", "empo2_env_tips"}
+    assert compare.SETTING_ARMS["difficulty1_warmup"] == ["grpo", "empo2", "empo2_no_off_policy", "empo2_env_tips"]
+    assert set(compare.ARMS) == {*compare.SETTING_ARMS["difficulty1"], *compare.SETTING_ARMS["switch_oracle"]}
     assert compare.ARMS["empo2_no_off_policy"][1] == ["--memory.p_on_policy_tips=0.25", "--memory.p_off_policy=0"]
     assert all(not arg.startswith("--train.seed") for arg in compare.SETTING)
 
@@ -175,14 +176,17 @@ def test_update_statistics_average_each_modes_iterations_over_runs():
     run_a = [row("no_memory", 0.0, 0.0, 0.0, 0.2, 3.0), row("off_policy", 0.25, 0.5, 0.3, 0.1, 3.5)]
     run_b = [row("no_memory", 0.0, 0.0, 0.0, 0.4, 2.0), row("off_policy", 0.0, 0.1, 0.1, 0.05, 2.5),
              row("no_memory", 0.0, 0.0, 0.0, 0.3, 1.0)]
+    run_b[1].update(pos_adv_clip_frac=0.5, pos_adv_masked_frac=0.25)  # logged by newer runs only
     stats = compare.update_statistics(run_a + run_b)
+    new = {"pos_adv_clip_frac": None, "pos_adv_masked_frac": None}
     assert stats["no_memory"] == {"iterations": 3, "clip_frac": 0.0, "masked_frac": 0.0, "approx_kl": 0.0,
-                                  "grad_norm": pytest.approx(0.3), "entropy": pytest.approx(2.0)}
+                                  "grad_norm": pytest.approx(0.3), "entropy": pytest.approx(2.0), **new}
     assert stats["off_policy"] == {"iterations": 2, "clip_frac": 0.125, "masked_frac": pytest.approx(0.3),
                                    "approx_kl": pytest.approx(0.2), "grad_norm": pytest.approx(0.075),
-                                   "entropy": pytest.approx(3.0)}
+                                   "entropy": pytest.approx(3.0), "pos_adv_clip_frac": 0.5,
+                                   "pos_adv_masked_frac": 0.25}
     assert stats["on_policy_tips"] == {"iterations": 0, "clip_frac": None, "masked_frac": None, "approx_kl": None,
-                                       "grad_norm": None, "entropy": None}
+                                       "grad_norm": None, "entropy": None, **new}
 
 
 def test_movement_is_each_seeds_change_from_its_own_untrained_return():
@@ -345,3 +349,85 @@ def test_episode_endings_count_success_fatal_partial_and_focus_by_hand():
     endings = compare.episode_endings(records)
     assert endings == {"episodes": 4, "success": 0.25, "fatal": 0.25, "partial": 0.25, "focus": 0.5}
     assert compare.episode_endings([])["episodes"] == 0
+
+
+def test_sign_flip_p_and_holm_by_hand():
+    # d = (1, 2, 3): of the 8 sign assignments only +++ and --- reach |mean| 2: p = 2/8
+    assert compare.sign_flip_p([1, 2, 3]) == 0.25
+    assert compare.sign_flip_p([1, -1]) == 1.0  # mean 0: every assignment is as extreme
+    # Holm: sorted 0.01, 0.02, 0.04 -> 3 x 0.01, 2 x 0.02, 1 x 0.04 = 0.03, 0.04, 0.04; returned in input order
+    assert compare.holm([0.04, 0.01, 0.02]) == pytest.approx([0.04, 0.03, 0.04])
+    assert compare.holm([0.5, 0.01, 0.6]) == pytest.approx([1.0, 0.03, 1.0])  # capped at 1, then monotone
+    assert compare.paired_bootstrap_ci([0.25, 0.25, 0.25]) == (0.25, 0.25)
+
+
+def test_the_switch_setting_warms_up_as_the_pilot_did(tmp_path, monkeypatch):
+    """The registered warm-up of each seed is the pilot's (results/pilot_switch/warmup_tips6_s100) but for the seed:
+    its arguments replace the setting's, whose lab arguments (switch, success reward, 8 variations) it never had."""
+    pilot = (compare.ROOT / "results/pilot_switch/warmup_tips6_s100/command.txt").read_text().splitlines()[-1].split()
+    monkeypatch.setattr(compare, "SETTING_NAME", "switch_oracle")
+    monkeypatch.setattr(compare, "SETTING", compare.SETTINGS["switch_oracle"])
+    monkeypatch.setattr(compare, "WARMUP", compare.WARMUPS["switch_oracle"])
+    monkeypatch.setattr(compare, "run_command", lambda cmd, log: (1, 0.0))  # records the command, runs nothing
+    with pytest.raises(compare.RunFailed):
+        compare.warmup_run(tmp_path, 100, [])
+    ours = (tmp_path / "runs" / "warmup_s100" / "command.txt").read_text().split()
+    # the same arguments (none repeated, so their order does not matter), another output folder
+    assert sorted(ours[:-1]) == sorted(pilot[1:-1]) and len(set(ours)) == len(ours)
+    assert ours[-1] == f"--output={tmp_path / 'runs' / 'warmup_s100'}"
+    assert compare.validation_episodes_per_task() == 8
+
+
+def write_switch_run(tmp_path, arm, seed, episodes, val_success):
+    """A finished run of the switch setting: `episodes` = [(iteration, mode, group, success)], one record each."""
+    run = tmp_path / "runs" / f"{arm}_s{seed}"
+    (run / "episodes").mkdir(parents=True)
+    (run / "config.yaml").write_text("train:\n  iterations: 40\n")
+    (run / "done.json").write_text('{"wall_seconds": 60.0}')
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({"iteration": it, "mode": "no_memory", "return_mean": 100 * v, "tips_retrieved": 0.0,
+                    "val_return_mean": 100 * v, "val_success_rate": v}) + "\n" for it, v in val_success.items()))
+    by_it = {}
+    for it, mode, group, success in episodes:
+        by_it.setdefault(it, []).append({"mode": mode, "group": group, "success": success,
+                                         "extrinsic_return": 100.0 * success, "actions": [], "observations": [],
+                                         "intrinsic": []})
+    for it, records in by_it.items():
+        (run / "episodes" / f"iter_{it:06d}_rank0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_the_switch_analysis_pairs_seeds_and_checks_validity_by_hand(tmp_path, monkeypatch):
+    monkeypatch.setattr(compare, "SETTING_NAME", "switch_oracle")
+    monkeypatch.setattr(compare, "SETTING", compare.SETTINGS["switch_oracle"])
+    final = {"grpo": (0.0, 0.0, 0.125), "empo2_oracle": (0.5, 0.25, 0.375)}  # per seed 0, 1, 2
+    for seed in range(3):
+        (tmp_path / "runs" / f"base_s{seed}").mkdir(parents=True)
+        (tmp_path / "runs" / f"base_s{seed}" / "eval.json").write_text('{"return_mean": 0.0, "success_rate": 0.0}')
+        # GRPO: 10 groups of 2, all equal but one (90 %): passes >= 85 %
+        write_switch_run(tmp_path, "grpo", seed, [(it, "no_memory", g, it == 1 and g == 0 and k == 0)
+                                                   for it in range(1, 6) for g in range(2) for k in range(2)],
+                         {10: 0.0, 40: final["grpo"][seed]})
+        # oracle: iteration 3 off-policy (2 groups: one mixed), 2 of its 4 episodes succeed; iterations 1 and 9
+        # tip-free (1 of 4 successes at iteration 1, which lies within 5 of 3; 9 does not and is not counted)
+        write_switch_run(tmp_path, "empo2_oracle", seed,
+                         [(3, "off_policy", 0, True), (3, "off_policy", 0, False), (3, "off_policy", 1, True),
+                          (3, "off_policy", 1, True), (1, "no_memory", 0, True), (1, "no_memory", 0, False),
+                          (1, "no_memory", 1, False), (1, "no_memory", 1, False), (9, "no_memory", 0, True),
+                          (9, "no_memory", 0, True)], {10: 0.25, 40: final["empo2_oracle"][seed]})
+    summary = compare.summarise(tmp_path, [0, 1, 2])
+    (row,) = summary["contrasts"]["final_success"]
+    assert (row["arm"], row["other"], row["differences"]) == ("empo2_oracle", "grpo", [0.5, 0.25, 0.25])
+    assert row["difference"] == pytest.approx(1 / 3) and row["sign_flip_p"] == 0.25 and row["holm_p"] == 0.25
+    # AUC over iterations 0, 10, 40: seed 0 oracle = (0 + 0.25) / 2 * 10 + (0.25 + 0.5) / 2 * 30 = 12.5, / 40
+    assert summary["arms"]["empo2_oracle"]["auc_success"][0] == pytest.approx(12.5 / 40)
+    checks = summary["validity"]
+    assert checks["grpo_stalls"]["all_equal_groups"] == pytest.approx(0.9)
+    assert checks["grpo_stalls"]["final_success"] == pytest.approx(0.125 / 3) and checks["grpo_stalls"]["passed"]
+    memory = checks["memory_finds"]
+    assert (memory["memory_success"], memory["tip_free_success"], memory["ratio"]) == (0.75, 0.25, 3.0)
+    assert not memory["passed"]  # 3x < 4x
+    assert checks["off_policy_signal"]["mixed_groups"] == 0.5 and checks["off_policy_signal"]["passed"]
+    table = compare.summary_markdown(summary)
+    assert "| final_success | empo2_oracle − grpo | 3 | +33.3 pp |" in table and "(3.0x): **FAIL**" in table
+    compare.plot(tmp_path, summary)
+    assert (tmp_path / "compare.png").stat().st_size > 0

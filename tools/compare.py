@@ -7,7 +7,9 @@
 A setting (docs/sanity.md, "EMPO² vs GRPO": each chosen and committed before its first run) is one entry of
 `SETTINGS`, applied to every arm: `difficulty2` (the default; results/comparison), `difficulty1`, registered when
 the first was reported unusable (results/comparison_difficulty1), and `difficulty1_warmup`, the second with every run
-of a seed starting from the seed's format warm-up (`WARMUPS`, tools/warmup.py; runs/warmup_s<seed>/, made first). An output
+of a seed starting from the seed's format warm-up (`WARMUPS`, tools/warmup.py; runs/warmup_s<seed>/, made first), and
+`switch_oracle` (issue 49, registered in docs/LOG.md: the switch lab, a tip-reading warm-up per seed, its own arms
+`SETTING_ARMS`, success as the metric, paired contrasts with Holm and three validity checks in the summary). An output
 folder remembers its setting (setting.json) and refuses another. The arms differ only by `ARMS`:
 
     grpo                configs/sanity_grpo.yaml: memory and the novelty bonus off
@@ -16,6 +18,8 @@ folder remembers its setting (setting.json) and refuses another. The arms differ
                         on-policy with tips, no off-policy update
     empo2_env_tips      an ABLATION, not the paper: tips written by the environment from the episode's own feedback
                         (rollout.tip_source=environment): isolates the hybrid update from the quality of a 135M model's tips
+    switch_oracle only: grpo_novelty (GRPO + the novelty bonus), empo2_oracle (per-state oracle tips), empo2_oracle_no_off
+    (its off-policy share on-policy with tips), empo2_oracle_alg1 (Algorithm 1's tip-free old log-prob), empo2_policy
 
 Each run is its own `python train.py` process (runs/<arm>_s<seed>/, its exact command in command.txt). `run` skips
 finished runs (done.json) and resumes interrupted ones from their newest checkpoint (train.py --resume=latest, exact:
@@ -43,6 +47,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -78,6 +83,26 @@ SETTINGS["difficulty1"] = ["--env.sanity.difficulty=1" if a == "--env.sanity.dif
 # (tools/warmup.py: supervised, on gold episodes of the garden family, which no arm ever plays).
 SETTINGS["difficulty1_warmup"] = list(SETTINGS["difficulty1"])
 WARMUPS = {"difficulty1_warmup": ["--family=garden", "--epochs=3", "--lr=3e-4"]}  # tools/warmup.py's own arguments
+# Registered 2026-12-06 (docs/LOG.md, "issue 49: the switch grid"): the hard-exploration lab (a colourless "flip the
+# main switch" between the wire and the button, success-only reward, no fatal command, no spare step), every run of a
+# seed starting from the seed's tip-reading warm-up (tools/warmup.py --tip_share, on the garden family, which no arm
+# plays). Validation: tip-free success on the 8 held-out variations, 8 episodes each (64), T = 0.4, every 10 of the 60
+# iterations.
+SETTINGS["switch_oracle"] = [
+    "--env.sanity.families=[lab]", "--env.sanity.switch=true", "--env.sanity.reward=success",
+    "--env.sanity.difficulty=1", "--env.sanity.num_stages=3", "--env.sanity.num_distractors=1",
+    "--env.sanity.max_steps=4", "--env.sanity.fatal=false", "--env.sanity.train_variations=8",
+    "--env.sanity.test_variations=8", "--train.iterations=60", "--train.minibatch_steps=16",
+    "--train.micro_batch_size=4", "--train.eval_every=10", "--train.eval_tasks=0", "--train.eval_episodes_per_task=8",
+    "--train.save_every=5", "--train.log_episodes=-1",
+]
+# Its warm-up replaces the setting's arguments (WARMUP_ALONE): the garden episodes of the pilot's warm-up
+# (results/pilot_switch/warmup_tips6_s100: 16 / 8 garden variations, max_steps 6 for room to take a detour).
+WARMUPS["switch_oracle"] = ["--env.sanity.families=[lab]", "--env.sanity.difficulty=1", "--env.sanity.num_stages=3",
+                            "--env.sanity.num_distractors=1", "--env.sanity.max_steps=6",
+                            "--env.sanity.train_variations=16", "--env.sanity.test_variations=8", "--family=garden",
+                            "--epochs=6", "--lr=3e-4", "--tip_share=0.5"]
+WARMUP_ALONE = {"switch_oracle"}
 SETTING = SETTINGS["difficulty2"]  # the setting in use; main() sets it from --setting
 SETTING_NAME = "difficulty2"
 WARMUP: list[str] = []  # the setting's warm-up arguments ([] = none: runs start from the base model)
@@ -87,6 +112,22 @@ ARMS = {
     "empo2_no_off_policy": ("configs/sanity_empo2.yaml", ["--memory.p_on_policy_tips=0.25", "--memory.p_off_policy=0"]),
     "empo2_env_tips": ("configs/sanity_empo2.yaml", ["--rollout.tip_source=environment"]),
 }
+# The switch grid's arms (issue 49): oracle tips, each shown only at its own state, as a bare tip (no action field).
+ORACLE = ["--rollout.tip_source=oracle", "--memory.similarity=exact", "--rollout.tip_format=tip_only",
+          "--memory.top_k=3"]
+ARMS.update({
+    "grpo_novelty": ("configs/sanity_grpo.yaml", ["--intrinsic.coef=0.1"]),  # memory object for the counts, no tips
+    "empo2_oracle": ("configs/sanity_empo2.yaml", ORACLE),
+    "empo2_oracle_no_off": ("configs/sanity_empo2.yaml", [*ORACLE, "--memory.p_on_policy_tips=0.25",
+                                                          "--memory.p_off_policy=0"]),
+    "empo2_oracle_alg1": ("configs/sanity_empo2.yaml", [*ORACLE, "--loss.off_policy_old_logp=without_tips"]),
+    "empo2_policy": ("configs/sanity_empo2.yaml", ["--rollout.tip_format=tip_only", "--memory.top_k=3"]),
+})
+SETTING_ARMS = {name: ["grpo", "empo2", "empo2_no_off_policy", "empo2_env_tips"] for name in SETTINGS}
+SETTING_ARMS["switch_oracle"] = ["grpo", "grpo_novelty", "empo2_oracle", "empo2_oracle_no_off",  # primary, 6 seeds
+                                 "empo2_oracle_alg1", "empo2_policy"]  # secondary, 3 seeds
+PRIMARY_CONTRASTS = {"switch_oracle": [("empo2_oracle", "grpo"), ("empo2_oracle", "grpo_novelty"),
+                                       ("empo2_oracle", "empo2_oracle_no_off")]}
 TIP_ROUNDS = 3  # `tips`: rounds with the base model's own tips after the no-memory round
 
 
@@ -200,7 +241,8 @@ def warmup_run(out: Path, seed: int, extra: list[str]) -> None:
         return
     run.mkdir(parents=True, exist_ok=True)
     threads = [f"--train.torch_threads={THREADS}"] if THREADS else []
-    cmd = [sys.executable, "-m", "tools.warmup", "--config", ARMS["empo2"][0], *SETTING, f"--train.seed={seed}", *WARMUP,
+    setting = [] if SETTING_NAME in WARMUP_ALONE else SETTING  # a warm-up of its own: WARMUP says everything
+    cmd = [sys.executable, "-m", "tools.warmup", "--config", ARMS["empo2"][0], *setting, f"--train.seed={seed}", *WARMUP,
            *threads, *extra, f"--output={run}"]
     (run / "command.txt").write_text(thread_prefix() + " ".join(cmd[1:]) + "\n")
     print(f"format warm-up, seed {seed}", flush=True)
@@ -233,6 +275,12 @@ def train_run(out: Path, arm: str, seed: int, extra: list[str]) -> None:
                                                "omp_num_threads": THREADS}))
 
 
+def validation_episodes_per_task() -> int:
+    """The setting's train.eval_episodes_per_task (4 where it does not say): iteration 0 is measured as the rest."""
+    given = [a.split("=", 1)[1] for a in SETTING if a.startswith("--train.eval_episodes_per_task=")]
+    return int(given[-1]) if given else 4
+
+
 def base_run(out: Path, seed: int, extra: list[str]) -> None:
     """Iteration 0 of every curve: the untrained model on the validation protocol (the same for every arm)."""
     run = out / "runs" / f"base_s{seed}"
@@ -240,7 +288,7 @@ def base_run(out: Path, seed: int, extra: list[str]) -> None:
         return
     run.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "eval.py", "--config", ARMS["empo2"][0], *SETTING, f"--train.seed={seed}",
-           *start_from(out, seed), *extra, "--episodes_per_task=4", f"--output={run}"]
+           *start_from(out, seed), *extra, f"--episodes_per_task={validation_episodes_per_task()}", f"--output={run}"]
     (run / "command.txt").write_text(thread_prefix() + " ".join(cmd[1:]) + "\n")
     print(f"untrained model, seed {seed}", flush=True)
     if run_command(cmd, run / "log.txt")[0] != 0:
@@ -471,7 +519,8 @@ def advantage_key(record: dict, intrinsic: dict) -> tuple[float, float]:
     return record["extrinsic_return"], round(bonus, 9)
 
 
-UPDATE_METRICS = ("clip_frac", "masked_frac", "approx_kl", "grad_norm", "entropy")
+UPDATE_METRICS = ("clip_frac", "masked_frac", "approx_kl", "grad_norm", "entropy", "pos_adv_clip_frac",
+                  "pos_adv_masked_frac")
 
 
 def update_statistics(rows: list[dict]) -> dict[str, dict]:
@@ -480,7 +529,8 @@ def update_statistics(rows: list[dict]) -> dict[str, dict]:
     Eq. 2's low-probability mask, approx KL(old || current), the gradient norm and the policy entropy. With one
     optimizer step per iteration the on-policy ratio is exactly 1 (nothing clipped or masked); off-policy, the ratio
     is pi(a | context without tips) / pi_old(a | context with tips), so these say how much of a distillation update
-    survives the clip and the mask."""
+    survives the clip and the mask; the pos_adv_ shares say it for the positive-advantage tokens alone (the
+    tip-guided actions to distil; runs logged before train.py counted them lack them: None)."""
     by_mode = {mode: [row for row in rows if row["mode"] == mode] for mode in MODES}
     mean = lambda values: float(np.mean(values)) if values else None  # noqa: E731
     return {mode: {"iterations": len(mode_rows),
@@ -495,7 +545,7 @@ def on_seeds(row: dict, metric: str, seeds: list[int]) -> list[float]:
 
 def summarise(out: Path, seeds: list[int]) -> dict:
     complete = {arm: [s for s in seeds if finished(out, arm, s) and finished(out, "base", s)]  # base: iteration 0
-                for arm in ARMS}
+                for arm in SETTING_ARMS[SETTING_NAME]}
     result = {"setting": SETTING, "setting_name": SETTING_NAME, "warmup": WARMUP, "arms": {}, "versus_grpo": {}}
     for arm, arm_seeds in complete.items():
         if not arm_seeds:
@@ -508,11 +558,15 @@ def summarise(out: Path, seeds: list[int]) -> dict:
             per_mode[mode] = {"iterations": len(returns), "return_mean": float(np.mean(returns)) if returns else None}
         its = sorted(set.intersection(*(set(c) for c in curves)))
         successes = [curve(out, arm, s, "success_rate") for s in arm_seeds]
+        success_its = [i for i in its if all(i in c for c in successes)]
         result["arms"][arm] = {
             "seeds": arm_seeds, "iterations": its,
             "val_return": {str(i): [c[i] for c in curves] for i in its},
             "val_success": {str(i): [c[i] for c in successes] for i in its if all(i in c for c in successes)},
             "final": [c[its[-1]] for c in curves], "auc": [area({i: c[i] for i in its}) for c in curves],
+            **({"final_success": [c[success_its[-1]] for c in successes],
+                "auc_success": [area({i: c[i] for i in success_its}) for c in successes]}
+               if len(success_its) > 1 and success_its[-1] == its[-1] else {}),
             "movement": movement({str(i): [c[i] for c in curves] for i in its}),
             "train_return_per_mode": per_mode,
             "training_signal": training_signal([out / "runs" / f"{arm}_s{s}" for s in arm_seeds]),
@@ -547,7 +601,145 @@ def summarise(out: Path, seeds: list[int]) -> dict:
                              command_use(read_jsonl(episodes / f"ood_step_{i:02d}.jsonl"))["own"])
                             for i, s in enumerate(steps)]
     result["tip_usefulness"] = tips
+    if SETTING_NAME in PRIMARY_CONTRASTS:
+        result["contrasts"] = paired_contrasts(result, PRIMARY_CONTRASTS[SETTING_NAME])
+        result["validity"] = validity_checks(out, result)
     return result
+
+
+# ------------------------------------------------------------------ the switch grid's registered analysis (issue 49)
+
+def sign_flip_p(differences) -> float:
+    """Exact two-sided sign-flip test of mean(d) = 0 for paired differences d: the share of the 2^n sign assignments
+    whose |mean| is at least the observed one."""
+    d = np.asarray(differences, float)
+    flips = np.array(list(itertools.product((1.0, -1.0), repeat=len(d))))
+    return float(np.mean(np.abs((flips * d).mean(1)) >= abs(d.mean()) - 1e-12))
+
+
+def paired_bootstrap_ci(differences, resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
+    """95 % percentile bootstrap CI of mean(d), the seeds (pairs) resampled."""
+    d = np.asarray(differences, float)
+    means = np.random.default_rng(seed).choice(d, (resamples, len(d))).mean(1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm-Bonferroni adjusted p-values, in the input order: the k-th smallest times (m - k + 1), made monotone."""
+    adjusted, running = [0.0] * len(p_values), 0.0
+    for rank, i in enumerate(np.argsort(p_values, kind="stable")):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def paired_contrasts(result: dict, contrasts: list[tuple[str, str]]) -> dict[str, list[dict]]:
+    """Per metric (final and area-under-curve validation success), each contrast arm − other on the seeds both have
+    finished, paired by seed (both runs of a seed start from the seed's warm-up): the mean difference, its 95 %
+    bootstrap CI, the exact sign-flip p, and Holm's adjustment over the contrasts present (registered: three)."""
+    out = {}
+    for metric in ("final_success", "auc_success"):
+        rows = []
+        for arm, other in contrasts:
+            a, b = result["arms"].get(arm, {}), result["arms"].get(other, {})
+            seeds = [s for s in a.get("seeds", []) if s in b.get("seeds", [])]
+            if len(seeds) < 2 or metric not in a or metric not in b:
+                continue
+            d = np.subtract(on_seeds(a, metric, seeds), on_seeds(b, metric, seeds))
+            rows.append({"arm": arm, "other": other, "seeds": seeds, "differences": d.tolist(),
+                         "difference": float(d.mean()), "ci95": paired_bootstrap_ci(d), "sign_flip_p": sign_flip_p(d)})
+        for row, adjusted in zip(rows, holm([r["sign_flip_p"] for r in rows])):
+            row["holm_p"] = adjusted
+        out[metric] = rows
+    return out
+
+
+def episode_records(run: Path) -> list[tuple[int, dict]]:
+    """(iteration, record) for every logged training episode of a run (train.log_episodes=-1 logs them all)."""
+    return [(int(name.split("_")[1]), record) for name, file in jsonl_files(run / "episodes", "iter_*").items()
+            for record in read_jsonl(file)]
+
+
+def memory_versus_tip_free(runs: list[Path], window: int = 5) -> dict:
+    """Pooled over `runs`: the success rate of the training episodes played with tips (memory iterations), and of the
+    tip-free episodes of the no-memory iterations within `window` iterations of a memory iteration (each counted
+    once per run), and their ratio (inf when only the memory episodes succeed)."""
+    memory, tip_free = [], []
+    for run in runs:
+        records = episode_records(run)
+        memory_its = {it for it, r in records if r["mode"] != "no_memory"}
+        near = {it for it, r in records if r["mode"] == "no_memory" and any(abs(it - m) <= window for m in memory_its)}
+        memory += [bool(r["success"]) for it, r in records if it in memory_its]
+        tip_free += [bool(r["success"]) for it, r in records if it in near]
+    rate = lambda flags: float(np.mean(flags)) if flags else None  # noqa: E731
+    m, t = rate(memory), rate(tip_free)
+    ratio = None if m is None or t is None else (m / t if t > 0 else (math.inf if m > 0 else None))
+    return {"memory_episodes": len(memory), "memory_success": m, "tip_free_episodes": len(tip_free),
+            "tip_free_success": t, "ratio": ratio}
+
+
+def validity_checks(out: Path, result: dict) -> dict:
+    """The switch grid's registered validity checks (docs/LOG.md), on the runs finished so far: (1) GRPO has >= 85 %
+    all-equal groups and a final validation success <= 10 % (mean over seeds); (2) the oracle arm's memory episodes
+    succeed >= 20 % and >= 4x the tip-free episodes of nearby iterations (memory_versus_tip_free); (3) >= 30 % of
+    its off-policy groups have mixed returns. A check whose arm has no finished run is None."""
+    checks = {}
+    grpo = result["arms"].get("grpo")
+    if grpo:
+        flat = grpo["training_signal"]["no_memory"]["flat_group_share"]
+        final = float(np.mean(grpo["final_success"])) if "final_success" in grpo else None
+        checks["grpo_stalls"] = {"all_equal_groups": flat, "final_success": final,
+                                 "passed": flat is not None and final is not None and flat >= 0.85 and final <= 0.10}
+    oracle = result["arms"].get("empo2_oracle")
+    if oracle:
+        mem = memory_versus_tip_free([out / "runs" / f"empo2_oracle_s{s}" for s in oracle["seeds"]])
+        checks["memory_finds"] = {**mem, "passed": mem["memory_success"] is not None and mem["ratio"] is not None
+                                  and mem["memory_success"] >= 0.20 and mem["ratio"] >= 4.0}
+        flat = oracle["training_signal"]["off_policy"]["flat_group_share"]
+        checks["off_policy_signal"] = {"groups": oracle["training_signal"]["off_policy"]["groups"],
+                                       "mixed_groups": None if flat is None else 1.0 - flat,
+                                       "passed": flat is not None and 1.0 - flat >= 0.30}
+    return checks
+
+
+def contrasts_markdown(summary: dict) -> list[str]:
+    """The registered analysis's tables: paired contrasts and validity checks (a setting with PRIMARY_CONTRASTS)."""
+    pct = lambda v: "-" if v is None else f"{100 * v:.1f} %"  # noqa: E731
+    lines = ["", "## Registered analysis", "", "Validation success (tip-free, held-out variations): per arm, "
+             "mean ± s.e. over seeds; iteration 0 = the seed's warm-up.", "",
+             "| arm | seeds | final success | area under the curve | wall per run |", "|---|---|---|---|---|"]
+    for arm, row in summary["arms"].items():
+        if "final_success" in row:
+            (fm, fs), (am, as_) = mean_se(row["final_success"]), mean_se(row["auc_success"])
+            lines.append(f"| {arm} | {len(row['seeds'])} | {100 * fm:.1f} ± {100 * fs:.1f} % | {100 * am:.1f} ± "
+                         f"{100 * as_:.1f} % | {np.mean(row['wall_seconds']) / 60:.1f} min |")
+    lines += ["", "Primary contrasts, paired by seed (95 % bootstrap CI of the mean difference, 10,000 resamples; "
+              "exact sign-flip p; Holm over the contrasts present):", "",
+              "| metric | contrast | seeds | difference | 95 % CI | sign-flip p | Holm p |", "|---|---|---|---|---|---|---|"]
+    for metric, rows in summary.get("contrasts", {}).items():
+        for r in rows:
+            lines.append(f"| {metric} | {r['arm']} − {r['other']} | {len(r['seeds'])} | {100 * r['difference']:+.1f} "
+                         f"pp | [{100 * r['ci95'][0]:+.1f}, {100 * r['ci95'][1]:+.1f}] | {r['sign_flip_p']:.3f} | "
+                         f"{r['holm_p']:.3f} |")
+    checks = summary.get("validity", {})
+    lines += ["", "Validity checks (registered):", ""]
+    if "grpo_stalls" in checks:
+        c = checks["grpo_stalls"]
+        lines.append(f"- GRPO stalls (>= 85 % all-equal groups, final success <= 10 %): {pct(c['all_equal_groups'])}"
+                     f", {pct(c['final_success'])}: **{'pass' if c['passed'] else 'FAIL'}**")
+    if "memory_finds" in checks:
+        c = checks["memory_finds"]
+        ratio = "-" if c["ratio"] is None else f"{c['ratio']:.1f}x"
+        lines.append(f"- Memory finds what the tip-free policy does not (memory episodes >= 20 % and >= 4x the "
+                     f"tip-free episodes of iterations within 5): {pct(c['memory_success'])} of "
+                     f"{c['memory_episodes']} vs {pct(c['tip_free_success'])} of {c['tip_free_episodes']} ({ratio}): "
+                     f"**{'pass' if c['passed'] else 'FAIL'}**")
+    if "off_policy_signal" in checks:
+        c = checks["off_policy_signal"]
+        lines.append(f"- Off-policy groups with mixed returns (>= 30 %): {pct(c['mixed_groups'])} of {c['groups']}: "
+                     f"**{'pass' if c['passed'] else 'FAIL'}**")
+    return lines
 
 
 def setting_name(arguments: list[str]) -> str:
@@ -629,15 +821,17 @@ def summary_markdown(summary: dict) -> str:
                              + " / ".join(share(q["success"]) for q in quarters) + " |")
     lines += ["", "The update per mode (mean over the mode's iterations, pooled over seeds): action tokens whose "
               "importance ratio was clipped, tokens dropped by the low-probability mask (Eq. 2), approx KL(old || "
-              "new), gradient norm, entropy. Off-policy, the ratio compares the tip-free policy with the tip-guided "
-              "one that acted:", "", "| arm | mode | iterations | clipped | masked | approx KL | grad norm | "
-              "entropy |", "|---|---|---|---|---|---|---|---|"]
+              "new), gradient norm, entropy, and of the positive-advantage tokens alone the shares clipped and masked. "
+              "Off-policy, the ratio compares the tip-free policy with the tip-guided one that acted:", "",
+              "| arm | mode | iterations | clipped | masked | approx KL | grad norm | entropy | A > 0: clipped / masked |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for arm, row in summary["arms"].items():
         for mode, st in row.get("update_statistics", {}).items():
             if st["clip_frac"] is not None:
                 lines.append(f"| {arm} | {mode} | {st['iterations']} | {share(st['clip_frac'])} | "
                              f"{share(st['masked_frac'])} | {st['approx_kl']:.3f} | {st['grad_norm']:.3f} | "
-                             f"{st['entropy']:.2f} |")
+                             f"{st['entropy']:.2f} | {share(st['pos_adv_clip_frac'])} / "
+                             f"{share(st['pos_adv_masked_frac'])} |")
     if summary["tip_usefulness"]:
         lines += ["", "Tip usefulness: the frozen base model on the training variations (return, success rate, share "
                   "of the logged steps with an own command) per round; round 0 without memory, then with the tips of "
@@ -675,6 +869,8 @@ def summary_markdown(summary: dict) -> str:
         cells = [("%.1f ± %.1f %%" % tuple(100 * v for v in mean_se(row["val_success"][str(it)])))
                  if str(it) in row.get("val_success", {}) else "-" for row in summary["arms"].values()]
         lines.append(f"| {it} | " + " | ".join(cells) + " |")
+    if "contrasts" in summary:
+        lines += contrasts_markdown(summary)
     lines += ["", "Setting (every arm): `" + " ".join(summary["setting"]) + "`; each run's exact command is in "
               "runs/<arm>_s<seed>/command.txt.", ""]
     return "\n".join(lines)
@@ -687,7 +883,8 @@ def plot(out: Path, summary: dict) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, middle, right) = plt.subplots(1, 3, figsize=(17, 4.2))
-    for (arm, row), colour in zip(summary["arms"].items(), ("tab:blue", "tab:orange", "tab:green", "tab:purple")):
+    colours = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:red", "tab:brown")
+    for (arm, row), colour in zip(summary["arms"].items(), colours):
         its = row["iterations"]
         stats = np.array([mean_se(row["val_return"][str(i)]) for i in its])
         left.plot(its, stats[:, 0], "-o", ms=3, c=colour, label=f"{arm} ({len(row['seeds'])} seeds)")
@@ -703,15 +900,25 @@ def plot(out: Path, summary: dict) -> None:
              title=f"{summary.get('setting_name') or setting_name(summary['setting'])}: held-out variations, "
                    "mean ± s.e. over seeds")
     left.legend(fontsize=8)
-    arms = list(summary["versus_grpo"])
-    for k, metric in enumerate(("final", "auc")):
-        diffs = [summary["versus_grpo"][a][metric] for a in arms]
+    if "contrasts" in summary:  # the registered paired contrasts, on success (percentage points)
+        pairs = {(r["arm"], r["other"]) for rows in summary["contrasts"].values() for r in rows}
+        arms = [f"{a} − {b}" for a, b in sorted(pairs)]
+        table = {m: {f"{r['arm']} − {r['other']}": {"difference": 100 * r["difference"],
+                                                    "ci95": [100 * v for v in r["ci95"]]} for r in rows}
+                 for m, rows in summary["contrasts"].items()}
+        metrics, label = ("final_success", "auc_success"), "paired difference, success pp (95 % bootstrap CI)"
+    else:
+        arms, table = list(summary["versus_grpo"]), {m: {a: summary["versus_grpo"][a][m] for a in
+                                                         summary["versus_grpo"]} for m in ("final", "auc")}
+        metrics, label = ("final", "auc"), "arm − GRPO (95 % bootstrap CI)"
+    for k, metric in enumerate(metrics):
+        diffs = [table[metric][a] for a in arms]
         x = np.arange(len(arms)) + 0.2 * (2 * k - 1)
         right.errorbar(x, [d["difference"] for d in diffs], fmt="o", capsize=4, label=metric,
                        yerr=np.abs(np.array([d["ci95"] for d in diffs]).T - [d["difference"] for d in diffs]))
     right.axhline(0, c="grey", lw=1)
     right.set_xticks(range(len(arms)), arms, fontsize=8)
-    right.set(ylabel="arm − GRPO (95 % bootstrap CI)", title="difference to GRPO")
+    right.set(ylabel=label, title="contrasts")
     right.legend()
     fig.tight_layout()
     fig.savefig(out / "compare.png", dpi=110)
@@ -786,15 +993,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--setting", choices=list(SETTINGS), default="difficulty2")
     parser.add_argument("--out", help="default: results/comparison (difficulty2), results/comparison_<setting> else")
     parser.add_argument("--seeds", default="0,1,2,3,4")
-    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--arms", help="default: the setting's arms (SETTING_ARMS)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once (`run`), each with cores // jobs threads")
     args, extra = parser.parse_known_args(argv)
     SETTING, SETTING_NAME, WARMUP = SETTINGS[args.setting], args.setting, WARMUPS.get(args.setting, [])
     default_out = "results/comparison" + ("" if args.setting == "difficulty2" else f"_{args.setting}")
-    out, seeds, arms = Path(args.out or default_out).resolve(), [int(s) for s in args.seeds.split(",")], args.arms.split(",")
-    unknown = [a for a in arms if a not in ARMS]
+    out, seeds = Path(args.out or default_out).resolve(), [int(s) for s in args.seeds.split(",")]
+    arms = args.arms.split(",") if args.arms else SETTING_ARMS[args.setting]
+    unknown = [a for a in arms if a not in SETTING_ARMS[args.setting]]
     if unknown:
-        sys.exit(f"unknown arm(s) {unknown}; known: {list(ARMS)}")
+        sys.exit(f"unknown arm(s) {unknown} for setting {args.setting}; known: {SETTING_ARMS[args.setting]}")
     if args.jobs < 1:
         sys.exit(f"--jobs={args.jobs} must be at least 1")
     if args.jobs > 1:
