@@ -1,15 +1,11 @@
-"""Advantages: how much better each episode (or step) did than its group. Pure functions over returns and groups.
+"""Advantages: how much better each episode (or step) did than its group, and the novelty bonus that breaks its ties.
+Pure functions over returns and groups, except `pay_novelty`, which counts the iteration's visits into the memory
+and writes each step's bonus into its episode.
 
 Paper map (arXiv 2602.23008; the equations are written out in docs/algorithm.md):
 
 * `grpo_advantages`     - §2 / Eq. 1: A_i = (R_i - mean_j R_j) / (std_j R_j + eps) within one group (the N episodes
                           of one task row), std unbiased as in the reference; R_i is the score.
-* `novelty_advantages`  - §4.2's novelty bonus, which really reaches the advantage (the reference release computes it
-                          and then ignores it), as a tie-breaker: B_i = sum_t 1/n_t = sum(Episode.intrinsic), paid
-                          by memory.pay_novelty from memory.py's visit counts (every rank's),
-                          centred among the episodes tied on i's score and bounded so that it orders them by
-                          exploration but never reorders scores or flips a score advantage's sign, and summing
-                          to zero in each tie class (docs/algorithm.md §6).
 * `gigpo_step_advantages` (with `discounted_returns`, `anchor_state_advantages`, `pool_normalise`) - optional
                           (`loss.advantage: gigpo`), not in the paper: GiGPO (Feng et al. 2025, the WebShop anchor)
                           as verl-agent computes it, one advantage per step sample = episode level + weight x step
@@ -18,6 +14,12 @@ Paper map (arXiv 2602.23008; the equations are written out in docs/algorithm.md)
                           episode (`"episode"`, GiGPO Eq. 3). Step level: rows of a group with the same anchor
                           state (the page without the task text, `Env.anchor_state()`) compared by their
                           discounted return G_it - p_it. The invalid-action penalty p_it hits its own row only.
+* the novelty bonus     - §4.2, one section opened by its formulas and guarantees: `pay_novelty` counts every
+                          rank's visits in memory.py's counts, then pays B_i = sum_t 1/n_t (= sum(Episode.intrinsic));
+                          `novelty_advantages` makes it reach the advantage (the reference release computes it and
+                          then ignores it) as a tie-breaker: centred among the episodes tied on i's score, bounded so
+                          that it orders them by exploration but never reorders scores or flips a score advantage's
+                          sign, and summing to zero in each tie class (docs/algorithm.md §6).
 * `episode_advantages`  - what train.py calls once per iteration: GRPO or GiGPO (`loss.advantage`) on the played
                           episodes, then the novelty tie-breaker (`intrinsic.coef`).
 
@@ -29,6 +31,7 @@ objective that consumes them is losses.py.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 
@@ -156,6 +159,46 @@ def gigpo_step_advantages(step_rewards: list[list[float]], penalties: list[list[
     # rows whose step-level credit reaches the advantage (none at weight 0: GRPO as verl-agent runs it)
     credited = sum(value != 0.0 for st_level in step_level for value in st_level) if weight else 0
     return advantages, credited
+
+
+# ----------------------------------------------------------------------------- the novelty bonus (paper §4.2)
+#
+#   count   n_t = visits of the state step t reached, in its task's memory (memory.TipMemory.visit: the same state
+#               = the same text after lower-casing and collapsing whitespace), every rank's visits of the iteration
+#               counted before any is paid                                                        pay_novelty
+#   pay     b_t = 1 / n_t (1 for a new state), B_i = sum_t b_t = sum(Episode.intrinsic)            pay_novelty
+#   break   A_i += c h_c (t_i - mean_c t) / 2,  t_i = tanh(B_i - mean_c B),  0 <= c < 1      novelty_advantages
+#   ties    (c: the episodes of i's group with exactly its score; h_c: half the gap to the nearest other score
+#           level, at most |a_c|)
+#
+# Guarantees: B_i is the same on 1 process and on 8 for the same episodes, and does not depend on their order; within
+# a group more new states than a tied episode give a larger advantage, a higher score stays strictly higher, a score
+# advantage never changes sign, and each tie class's terms sum to zero. Paid only where it counts (`counts_novelty`:
+# intrinsic.coef > 0, in the modes intrinsic.memory_modes_only allows). Tests: tests/test_losses.py (hand groups,
+# 2000 random groups), tests/test_rollout.py, tests/test_distributed.py (1 vs 2 processes).
+
+
+def counts_novelty(mode: str, memory, intrinsic) -> bool:
+    """Whether this rollout pays the novelty bonus (needs the memory's visit counts)."""
+    if memory is None or intrinsic is None or intrinsic.coef <= 0:
+        return False
+    return mode != "no_memory" or not intrinsic.memory_modes_only
+
+
+def pay_novelty(episodes: list, memory, gather: Callable[[object], list] | None = None) -> None:
+    """Count every state this iteration's rollout visited, on every rank, THEN pay each step 1/n of the state it
+    reached (`Episode.states`; a None state, after an environment crash, is neither counted nor paid).
+
+    gather(obj) returns every rank's obj in rank order (one collective; None = single process): every rank counts
+    every rank's visits before any bonus is paid, so an episode's B_i = sum_t 1/n_t is the same on 1 process and on
+    8 for the same episodes, and the counts stay identical on all ranks. Counting first makes the bonus independent
+    of episode order too (counting while stepping paid the first episode to reach a new state 1, the next 1/2)."""
+    mine = [(ep.task.key, state) for ep in episodes for state in ep.states if state is not None]
+    for visits in gather(mine) if gather is not None else [mine]:
+        for key, state in visits:
+            memory.visit(key, state)
+    for ep in episodes:
+        ep.intrinsic = [0.0 if s is None else 1.0 / memory.visit_count(ep.task.key, s) for s in ep.states[1:]]
 
 
 def novelty_advantages(advantages: list, bonuses: list[float], scores: list[float], group_ids: list, coef: float,

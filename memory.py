@@ -28,7 +28,7 @@ reference: "<tip>; At that timestep, the specific action your took was <a_i>; Ev
 
 Novelty (intrinsic reward, paper §4.2). `visit(key, observation)` counts a visit; `visit_count` gives n = the
 number of visits so far of a similar state, and r_int = 1/n (1 for a new state) is paid once the visits of the
-whole iteration, on every rank, are counted (memory.pay_novelty). "Similar" is explicit: two observations are the
+whole iteration, on every rank, are counted (advantages.pay_novelty). "Similar" is explicit: two observations are the
 same state when their text is equal after lower-casing and collapsing whitespace (`state_key`). Counts are per
 task key and persist for the run. (The reference reuses the tip retrieval count, 1/(retrieved + 1), which
 saturates at 1/11.)
@@ -36,7 +36,7 @@ saturates at 1/11.)
 Several processes. Tips are written at the end of an iteration into a pending list; `sync(gather)` exchanges
 every rank's pending tips (e.g. with accelerate's gather_object) and applies them in rank order, so all ranks end
 each iteration with identical memory. Visits are exchanged earlier, right after the rollout and before any bonus
-is paid (memory.pay_novelty gathers every rank's visits and counts them all), so the counts are identical on all
+is paid (advantages.pay_novelty gathers every rank's visits and counts them all), so the counts are identical on all
 ranks and a bonus does not depend on how many ranks played the iteration.
 """
 from __future__ import annotations
@@ -332,29 +332,3 @@ class TipMemory:
     def load(self, path: str) -> None:
         with open(path) as f:
             self.load_state_dict(json.load(f))
-
-
-# ----------------------------------------------------------------------------- the novelty bonus
-
-
-def counts_novelty(mode: str, memory: TipMemory | None, intrinsic) -> bool:
-    """Whether this rollout pays the novelty bonus (needs the memory's visit counts)."""
-    if memory is None or intrinsic is None or intrinsic.coef <= 0:
-        return False
-    return mode != "no_memory" or not intrinsic.memory_modes_only
-
-
-def pay_novelty(episodes: list, memory: TipMemory, gather: Callable[[object], list] | None = None) -> None:
-    """Count every state this iteration's rollout visited, on every rank, THEN pay each step 1/n of the state it
-    reached (`Episode.states`; a None state, after an environment crash, is neither counted nor paid).
-
-    gather(obj) returns every rank's obj in rank order (one collective; None = single process): every rank counts
-    every rank's visits before any bonus is paid, so an episode's B_i = sum_t 1/n_t is the same on 1 process and on
-    8 for the same episodes, and the counts stay identical on all ranks. Counting first makes the bonus independent
-    of episode order too (counting while stepping paid the first episode to reach a new state 1, the next 1/2)."""
-    mine = [(ep.task.key, state) for ep in episodes for state in ep.states if state is not None]
-    for visits in gather(mine) if gather is not None else [mine]:
-        for key, state in visits:
-            memory.visit(key, state)
-    for ep in episodes:
-        ep.intrinsic = [0.0 if s is None else 1.0 / memory.visit_count(ep.task.key, s) for s in ep.states[1:]]

@@ -13,7 +13,7 @@ One iteration's rollout (docs/algorithm.md):
 * after every training episode the policy writes a one-sentence tip (`write_tips`); tips are never trained on.
   `rollout.tip_source: environment` is an ablation, not the paper: the environment's own tip (`Env.oracle_tip`);
   `oracle`: the sanity lab's per-state tips (`Env.oracle_entries`), stored at their states (docs/sanity.md);
-* with `intrinsic.coef` > 0 each step earns the novelty bonus 1/n of the state it reached (`memory.pay_novelty`, called by
+* with `intrinsic.coef` > 0 each step earns the novelty bonus 1/n of the state it reached (`advantages.pay_novelty`, called by
   the trainer once every rank's visits of the iteration are counted, so n does not depend on the number of ranks).
 
 Token streams (docs/decisions.md). An episode is recorded token-in/token-out: `Episode.ids` are exactly the ids the
@@ -275,7 +275,7 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
     """Play len(tasks) episodes in lockstep, one env each (envs[i] plays tasks[i]).
 
     groups[i]: the GRPO group of episode i; memory: tips to retrieve in memory modes; every episode records the
-    states it visited (`Episode.states`) for the novelty bonus, which the caller pays (`memory.pay_novelty`);
+    states it visited (`Episode.states`) for the novelty bonus, which the caller pays (`advantages.pay_novelty`);
     temperature: defaults to cfg.temperature (evaluation passes its own); keep_caches: leave each episode's KV
     cache on `Episode.kv_cache` for `write_tips` (with rollout.kv_reuse; otherwise a cache is freed when its
     episode ends); seeds[i]: episode i samples from its own streams (engine.generation.RowSampler), independently of the

@@ -114,15 +114,13 @@ def recorded(logps: list) -> list[float] | None:
 
 
 def build_samples(episodes: list, advantages: list, *, off_policy_old_logp: str = "with_tips",
-                  branch_packing: bool = True, aggregation: str = "step", old_logp_source: str = "rollout"
-                  ) -> list[Sample]:
+                  branch_packing: bool = True, aggregation: str = "step") -> list[Sample]:
     """Episodes -> samples, one per `contexts` pair. advantages[i]: episode i's advantage, or one per step (GiGPO:
     per-step samples only). branch_packing: a current-turn on-policy episode's per-step samples become ONE
     `branch_packed` sample (the same loss and gradient; off only where the attention cannot take a 4-D mask).
     Every sample whose old contexts were played gets the log-probs recorded while sampling as its `old_logp`; the
     rest (off-policy "without_tips") are left to losses.compute_old_logprobs. aggregation: `loss.aggregation`
-    ("step" or "token"; "episode" is a test path, `loss_weights`). Test path: old_logp_source="recompute" (leave
-    every old_logp to the forward)."""
+    ("step" or "token", `loss_weights`)."""
     samples = []
     for ep, adv in zip(episodes, advantages):
         per_step = iter([a for s, a in zip(ep.steps, adv) if s.action_ids] if isinstance(adv, list) else [])
@@ -134,11 +132,10 @@ def build_samples(episodes: list, advantages: list, *, off_policy_old_logp: str 
                                advantages=[a for a, n in zip(step_adv, runs) for _ in range(n)]))
         if branch_packing and ep.layout == "current_turn" and ep.mode != "off_policy" and made:
             made = [branch_packed(ep.ids, made)]
-        episode_tokens = sum(len(s.advantages) for s in made)
         for s in made:
-            s.weights = loss_weights(s.mask, aggregation, episode_tokens)
+            s.weights = loss_weights(s.mask, aggregation)
             seen = s.recorded_logp
-            if old_logp_source == "rollout" and seen is not None and len(seen) == len(s.advantages):
+            if seen is not None and len(seen) == len(s.advantages):
                 s.old_logp = list(seen)
         samples += made
     return samples
@@ -202,22 +199,19 @@ def action_runs(mask: list[int]) -> list[int]:
     return runs
 
 
-def loss_weights(mask: list[int], aggregation: str = "step", episode_tokens: int = 0) -> list[float]:
+def loss_weights(mask: list[int], aggregation: str = "step") -> list[float]:
     """One loss weight per action token of a sequence (in order); a mini-batch's loss is sum(w * l) / N.
 
     "step" (the reference, ScienceWorld): 1 / len(its action), so every step weighs 1 whatever its length
         and however it is packed: a packed episode contributes exactly what its per-step samples would (verl's
         seq-mean-token-mean with one step per sample);
-    "token" (verl-agent's token-mean, WebShop): 1, every action token weighs the same;
-    "episode" (test path): 1 / episode_tokens (the action tokens of the whole episode): every episode weighs 1."""
+    "token" (verl-agent's token-mean, WebShop): 1, every action token weighs the same."""
     runs = action_runs(mask)
     if aggregation == "step":
         return [1.0 / n for n in runs for _ in range(n)]
-    if aggregation == "episode":
-        return [1.0 / max(episode_tokens, 1)] * sum(runs)
     if aggregation == "token":
         return [1.0] * sum(runs)
-    raise ValueError(f"unknown loss aggregation {aggregation!r}; expected step, episode or token")
+    raise ValueError(f"unknown loss aggregation {aggregation!r}; expected step or token")
 
 
 def minibatch_normaliser(total_steps: int, total_units: float, minibatch_steps: int) -> float:

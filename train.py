@@ -9,7 +9,7 @@ One iteration (paper Algorithm 1; docs/algorithm.md §7), one line per step in `
  1. draw the mode (rollout.draw_mode: seeded by seed and iteration, identical on all ranks);
  2. pick B task rows (seeded), shard them over ranks: a rank plays its rows' groups of N episodes;
  3. roll out in lockstep (rollout.run_episodes); an episode an environment crash cut is counted, not learned from;
-    the novelty bonus is paid once every rank's visits of the iteration are counted (memory.pay_novelty);
+    the novelty bonus is paid once every rank's visits of the iteration are counted (advantages.pay_novelty);
  4. in memory modes the policy writes a tip per episode (rollout.write_tips);
  5. all ranks apply every rank's new tips in rank order, so the memory stays identical (memory.py);
  6. advantages: GRPO per row-group of N episodes (or GiGPO's per step), + the novelty tie-breaker (advantages.py);
@@ -48,7 +48,7 @@ import numpy as np
 import torch
 import yaml
 
-from advantages import episode_advantages
+from advantages import counts_novelty, episode_advantages, pay_novelty
 from config import Config, ConfigError, config_help, load_config, split_cli, to_dict
 from engine.branches import supported as branches_supported
 from envs import make_env_pool
@@ -61,7 +61,7 @@ from infra.models import ModelLoadError, load_policy, load_reference
 from infra.runtime import (all_ranks, all_reduce_gradients, check_launch, derive_seed, full_weights, gather_objects,
                            make_accelerator, minibatch_shape, rng_devices, shard_model, stop_on_signals)
 from losses import compute_old_logprobs, compute_reference_logprobs, length_buckets, padded_tokens, samples_loss
-from memory import TipMemory, counts_novelty, pay_novelty
+from memory import TipMemory
 from rollout import ChatStream, check_prompt_budget, draw_mode, run_episodes, write_tips
 from samples import Context, Sample, build_samples, minibatch_normaliser, split_by_steps
 
@@ -194,7 +194,7 @@ def play(model, chat, envs, memory, cfg: Config, tasks, groups, mode, iteration,
          ) -> tuple:
     """(episodes, played): this rank's episodes (rollout.run_episodes, under full_weights: FSDP ranks generate
     different numbers of tokens), with their novelty bonus once every rank's visits are counted
-    (memory.pay_novelty), and those learned from. An episode cut by an environment crash has a partial return: it
+    (advantages.pay_novelty), and those learned from. An episode cut by an environment crash has a partial return: it
     is counted in the metrics but not learned from (no tip, no advantage statistics, no sample)."""
     clock.start()
     model.eval()

@@ -274,8 +274,7 @@ def prefill(model, contexts: list[list[int]], pad_id: int, batch_size: int = 0) 
 def generate(model, pad_id: int, eos_id: int, contexts: list[list[int]], *, max_new_tokens: int,
              temperature: float, top_p: float = 1.0, batch_size: int = 0,
              caches: list[PrefixCache | None] | None = None, seeds: list[int] | None = None,
-             logprobs: list | None = None, keep_caches: bool | list[bool] = True, stop=None,
-             kv_cache: str = "static") -> list[list[int]]:
+             logprobs: list | None = None, keep_caches: bool | list[bool] = True, stop=None) -> list[list[int]]:
     """Sample a continuation of every context (cut after its first eos, kept), batched `batch_size` at a time.
     A row stops at `eos_id` or at any eos id of the model's generation config (`stop_ids`). seeds: one per context;
     row i then samples from its own generator seeded with seeds[i] (`RowSampler`) instead of torch's global stream.
@@ -286,7 +285,8 @@ def generate(model, pad_id: int, eos_id: int, contexts: list[list[int]], *, max_
     objects are consumed: emptied layer by layer as the batch takes them over (a cache shared by several rows, a
     group's prefill, after its last row's batch), so the keys/values exist about once. keep_caches=False (or
     False at row i): that row's cache is dropped instead of split back (no further turn: a tip, a last step),
-    caches[i] is None. kv_cache: "static" (what rollouts use) | "dynamic" (a test path; engine/kvcache.py: the same tokens).
+    caches[i] is None. The batch decodes in a static KV cache (engine/kvcache.py; tests/test_generation.py checks that
+    the dynamic one gives the same tokens).
 
     logprobs: a list to fill with one entry per context: the log-probs of its output tokens under the model
     (`RowSampler(record=True)`), or None where they were not recorded (seedless sampling at temperature > 0, whose
@@ -328,7 +328,7 @@ def generate(model, pad_id: int, eos_id: int, contexts: list[list[int]], *, max_
         # room: the last context token + max_new_tokens - 1 fed tokens, + 1 spare (transformers' deferred stop
         # check, on some devices, runs one forward more)
         cache, mask = feed_prefixes(model, [ctx[n:-1] for ctx, n in zip(chunk, reuse)], row_caches, reuse, pad_id,
-                                    kind=kv_cache, room=max_new_tokens + 1, release=release)
+                                    kind="static", room=max_new_tokens + 1, release=release)
         del row_caches
         # Only the last token goes in as input_ids, so nothing is padded; the mask spans the cache + that token.
         # synced_gpus=False: transformers turns it on for an FSDP-wrapped model (every rank then keeps stepping until

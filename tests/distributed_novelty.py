@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from distributed_update import leave  # noqa: E402
 from envs.base import Task  # noqa: E402
 from infra.runtime import gather_objects, make_accelerator  # noqa: E402
-from memory import TipMemory, pay_novelty  # noqa: E402
+from advantages import pay_novelty  # noqa: E402
+from memory import TipMemory  # noqa: E402
 from rollout import Episode  # noqa: E402
 
 # (task variation, states: the first observation, then one per step)

@@ -15,7 +15,7 @@ import yaml
 from config import ModelConfig
 from conftest import clean_env, free_port
 from infra.runtime import LaunchError, check_launch
-from memory import pay_novelty
+from advantages import pay_novelty
 from samples import minibatch_normaliser
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,7 +126,7 @@ def test_one_normaliser_weighs_every_step_one_minibatch_share():
 
 
 def test_novelty_is_the_same_on_one_and_two_processes(tmp_path):
-    """memory.pay_novelty as train.play calls it: every rank's visits of the iteration are gathered and counted
+    """advantages.pay_novelty as train.play calls it: every rank's visits of the iteration are gathered and counted
     before any bonus is paid, so each step's 1/n (hence B_i) on 2 gloo ranks equals 1 process's for the same
     episodes, and both ranks hold the same counts. Expected values by hand (tests/distributed_novelty.py)."""
     from distributed_novelty import episodes_of, memory_before

@@ -333,19 +333,18 @@ def test_pre_drawn_uniforms_give_the_per_step_reference_samples(temperature, top
 @pytest.mark.slow
 @pytest.mark.parametrize("temperature, reuse", [(0.0, True), (1.0, True), (1.0, False)])
 def test_static_and_dynamic_kv_caches_give_the_same_episodes(policy, temperature, reuse, monkeypatch):
-    """The static batch KV cache (in-place buffers, what rollouts use) vs the dynamic one (DynamicCache, rollouts
-    switched to it through the generate they call): identical actions, recorded log-probs and tips, greedy and
-    sampled with fixed seeds, over episodes of 1-3 turns with cut and eos-ended actions."""
-    import functools
-
-    import rollout
+    """The static batch KV cache (in-place buffers, what rollouts use) vs the dynamic one (DynamicCache, switched
+    to where generate builds its batch cache): identical actions, recorded log-probs and tips, greedy and sampled
+    with fixed seeds, over episodes of 1-3 turns with cut and eos-ended actions."""
     from engine import generation
+
+    feed = generation.feed_prefixes
 
     model, tokenizer = policy
     chat = ChatStream(tokenizer)
     out = {}
     for kind in ("dynamic", "static"):
-        monkeypatch.setattr(rollout, "generate", functools.partial(generation.generate, kv_cache=kind))
+        monkeypatch.setattr(generation, "feed_prefixes", lambda *a, kind_=kind, **k: feed(*a, **{**k, "kind": kind_}))
         cfg = RolloutConfig(max_action_tokens=8, max_prompt_tokens=4096, tip_max_tokens=10, kv_reuse=reuse,
                             temperature=temperature)
         eps = run_episodes(model, chat, [QuizEnv(1), QuizEnv(3), QuizEnv(2)], [Task("quiz", 0)] * 3, [0, 1, 2],

@@ -423,7 +423,6 @@ def test_loss_weights_by_hand():
     mask = [0, 1, 1, 0, 0, 1, 0, 1, 1, 1]  # three actions of 2, 1 and 3 tokens
     assert action_runs(mask) == [2, 1, 3]
     assert loss_weights(mask, "step") == pytest.approx([1 / 2, 1 / 2, 1.0, 1 / 3, 1 / 3, 1 / 3])
-    assert loss_weights(mask, "episode", episode_tokens=12) == pytest.approx([1 / 12] * 6)
     assert loss_weights(mask, "token") == [1.0] * 6
     with pytest.raises(ValueError, match="aggregation"):
         loss_weights(mask, "steps")

@@ -1,5 +1,5 @@
 """Behaviour log-probs recorded while sampling (build_samples' default) equal the old log-probs a separate
-forward computes (old_logp_source="recompute", the peers' way), in every mode and layout, with and without KV reuse, for actions
+forward computes (every old_logp cleared first, the peers' way), in every mode and layout, with and without KV reuse, for actions
 cut at the token limit; and the tip stops at its first line without losing what clean_tip keeps."""
 import pytest
 import torch
@@ -46,9 +46,10 @@ def test_recorded_logprobs_equal_a_recomputing_forward(policy, mode, placement, 
     episodes = run_episodes(model, chat, [RoomsEnv(2) for _ in range(2)], [Task("rooms", 0)] * 2, [0, 0],
                             mode=mode, memory=memory_with_tips(), cfg=cfg, seeds=[11, 12], tip_placement=placement)
     advantages = [1.0, -0.5]
-    recorded = build_samples(episodes, advantages, off_policy_old_logp=old_context, old_logp_source="rollout")
-    recomputed = build_samples(episodes, advantages, off_policy_old_logp=old_context, old_logp_source="recompute")
-    assert not any(s.old_logp for s in recomputed)
+    recorded = build_samples(episodes, advantages, off_policy_old_logp=old_context)
+    recomputed = build_samples(episodes, advantages, off_policy_old_logp=old_context)
+    for s in recomputed:  # the peers' way: every old log-prob from a forward after the rollout
+        s.old_logp = []
     compute_old_logprobs(model, recomputed, chat.pad_id, "cpu", micro_batch_size=4)
     compute_old_logprobs(model, recorded, chat.pad_id, "cpu", micro_batch_size=4)  # only what was not recorded
     assert len(recorded) == len(recomputed) > 0

@@ -71,6 +71,8 @@ def broken_pointers(text: str, modules: dict[str, Path]) -> list[str]:
         if (len(parts) < 2 or not all(p.isidentifier() for p in parts) or token.split("=")[0] in CONFIG_KEYS
                 or parts[-1] in DATA_SUFFIXES):
             continue
+        if token in modules:  # a module of a package (`tools.compare`)
+            continue
         # the longest prefix that is a project module, then at most a class and its attribute
         for cut in range(len(parts) - 1, 0, -1):
             module = ".".join(parts[:cut])

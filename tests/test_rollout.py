@@ -15,7 +15,8 @@ import torch
 from config import IntrinsicConfig, MemoryConfig, RolloutConfig
 from envs.base import Task
 from losses import compute_old_logprobs, sequence_action_logprobs
-from memory import TipEntry, TipMemory, clean_tip, counts_novelty, pay_novelty, tip_block
+from advantages import counts_novelty, pay_novelty
+from memory import TipEntry, TipMemory, clean_tip, tip_block
 from samples import build_samples, per_step_samples
 from rollout import (ChatStream, ContextBudgetError, Episode, draw_mode,
                      generate_actions, run_episodes,

@@ -88,8 +88,8 @@ def test_build_samples_old_logprobs_advantages_and_weights():
     assert on[0].steps == 3 and on[0].units == pytest.approx(3.0)
     alg1 = build_samples([episode("packed", "off_policy")], [0.5], off_policy_old_logp="without_tips")
     assert alg1[0].old_logp == [] and alg1[0].recorded_logp is None  # never sampled there: losses computes it
-    recompute = build_samples([episode("packed", "no_memory")], [0.5], old_logp_source="recompute")
-    assert recompute[0].old_logp == []
+    (without,) = build_samples([episode("packed", "no_memory")], [0.5], branch_packing=False)
+    assert without.old_logp == on[0].old_logp  # branch packing changes nothing in a packed episode
 
 
 def test_per_step_advantages_follow_their_steps():

@@ -35,12 +35,12 @@ from pathlib import Path
 
 import torch
 
-from advantages import group_advantages
+from advantages import counts_novelty, group_advantages, pay_novelty
 from config import load_config, split_cli
 from envs import make_env
 from engine.generation import left_pad
 from losses import compute_old_logprobs, length_buckets, padded_tokens, samples_loss
-from memory import TipMemory, counts_novelty, pay_novelty
+from memory import TipMemory
 from infra.models import load_policy
 from rollout import ChatStream, run_episodes, write_tips
 from samples import build_samples, per_step_samples

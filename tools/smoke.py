@@ -274,8 +274,10 @@ def check_recorded_logprobs(model, chat, cfg, device) -> dict:
     episodes = play(model, chat, cfg, seeds=list(range(100, 100 + cfg.rollout.tasks_per_iteration
                                                         * cfg.rollout.group_size)), temperature=1.0, kv_reuse=True)
     advantages = [1.0] * len(episodes)
-    recorded = build_samples(episodes, advantages, old_logp_source="rollout")
-    recomputed = build_samples(episodes, advantages, old_logp_source="recompute")
+    recorded = build_samples(episodes, advantages)
+    recomputed = build_samples(episodes, advantages)
+    for s in recomputed:  # every old log-prob from the forward
+        s.old_logp = []
     compute_old_logprobs(model, recomputed, chat.pad_id, device, cfg.train.micro_batch_size)
     pairs = [(a, b) for r, c in zip(recorded, recomputed) for a, b in zip(r.old_logp, c.old_logp)]
     deltas = [abs(a - b) for a, b in pairs]

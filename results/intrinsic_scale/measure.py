@@ -6,7 +6,7 @@ Plays GRPO groups of `--group` episodes of up to 30 steps with uniformly random 
 times per variation (novelty counts persist across rollouts, as in training), and reports per episode the
 extrinsic return and the novelty part of the advantage's return under
   before: counts updated while stepping (episode-index order) and summed over steps (coef 1);
-  after:  counts taken after the rollout (memory.pay_novelty), averaged over steps (the removed
+  after:  counts taken after the rollout (advantages.pay_novelty), averaged over steps (the removed
           `intrinsic.aggregate: mean`) and summed over steps (B_i as train.py takes it now).
 A random policy visits about as many new states as an early policy does, which is when the bonus matters most.
 """
@@ -22,10 +22,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from advantages import pay_novelty  # noqa: E402
 from envs.base import Task  # noqa: E402
 from envs.scienceworld import ScienceWorldConfig, ScienceWorldEnv  # noqa: E402
 from memory import TipMemory  # noqa: E402
-from memory import pay_novelty  # noqa: E402
 from rollout import Episode  # noqa: E402
 
 
@@ -70,7 +70,7 @@ def main() -> None:
                         if step < len(states):
                             state = states[step]
                             bonus_before[i].append(0.0 if state is None else 1.0 / before_memory.visit(task.key, state))
-                # after: memory.pay_novelty, mean over steps
+                # after: advantages.pay_novelty, mean over steps
                 episodes = [Episode(task=task, group=0, mode="no_memory", rewards=[0.0] * len(r), states=[f] + r)
                             for f, r in zip(firsts, reached)]
                 pay_novelty(episodes, after_memory)

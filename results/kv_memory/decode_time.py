@@ -1,4 +1,4 @@
-"""Decode time with the static vs the dynamic KV cache (`engine.generation.generate(kv_cache=)`), on CPU
+"""Decode time with the static vs the dynamic KV cache (the `kind` of `engine.generation.feed_prefixes`), on CPU
 (SmolLM2-135M fp32, one thread).
 
 6 rows whose ~1,400-token contexts are cached (`prefill`), then 32 greedy new tokens each; the two layouts are
@@ -9,6 +9,7 @@ one writes each position in place.
     python results/kv_memory/decode_time.py [--repeats 2]
 """
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -16,6 +17,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+
+
+@contextlib.contextmanager
+def cache_kind(kind: str):
+    """Make engine.generation.generate build its batch cache as `kind` ("static" is what it uses)."""
+    from engine import generation
+
+    feed = generation.feed_prefixes
+    generation.feed_prefixes = lambda *a, **k: feed(*a, **{**k, "kind": kind})
+    try:
+        yield
+    finally:
+        generation.feed_prefixes = feed
 
 
 def main() -> None:
@@ -39,8 +53,9 @@ def main() -> None:
         for kind in ("dynamic", "static"):
             caches = prefill(model, contexts, chat.pad_id)
             start = time.perf_counter()
-            tokens[kind] = generate(model, chat.pad_id, chat.eos_id, contexts, max_new_tokens=32, temperature=0.0,
-                                    caches=caches, keep_caches=False, kv_cache=kind)
+            with cache_kind(kind):
+                tokens[kind] = generate(model, chat.pad_id, chat.eos_id, contexts, max_new_tokens=32,
+                                        temperature=0.0, caches=caches, keep_caches=False)
             seconds[kind].append(time.perf_counter() - start)
     assert tokens["static"] == tokens["dynamic"], "the layouts disagree"
     steps = max(len(t) for t in tokens["static"])

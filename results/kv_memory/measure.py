@@ -15,6 +15,7 @@ batch cache at the end of the call (rows x longest context, padding included), a
 import argparse
 import functools
 import hashlib
+import inspect
 import os
 import re
 import sys
@@ -97,13 +98,19 @@ def main() -> None:
     chat = rollout.ChatStream(tokenizer)
     cfg = RolloutConfig(max_action_tokens=16, max_prompt_tokens=4096, tip_max_tokens=16, temperature=1.0)
     # Which cache layout runs. Checkouts with the key rollout.kv_cache: the key. Since its removal: "static", or
-    # --kv-cache dynamic passed to the engine as an argument. Before the static cache existed: "dynamic" only.
+    # --kv-cache dynamic passed to the engine (generate's argument, later the kind generate gives feed_prefixes).
+    # Before the static cache existed: "dynamic" only.
     if "kv_cache" in {f.name for f in dataclasses.fields(cfg)}:
         cfg = dataclasses.replace(cfg, kv_cache=args.kv_cache or cfg.kv_cache)
         kind = cfg.kv_cache
-    elif (Path(args.code) / "engine").is_dir():
+    elif "kv_cache" in inspect.signature(rollout.generate).parameters:  # generate(kv_cache=), until it was removed
         kind = args.kv_cache or "static"
         rollout.generate = functools.partial(rollout.generate, kv_cache=kind)
+    elif (Path(args.code) / "engine").is_dir():  # since: the kind generate passes to feed_prefixes
+        kind = args.kv_cache or "static"
+        from engine import generation
+        feed = generation.feed_prefixes
+        generation.feed_prefixes = lambda *a, **k: feed(*a, **{**k, "kind": kind})
     else:
         kind = "dynamic (the only one)"
     rollout.generate(model, chat.pad_id, chat.eos_id, [chat.first_turn("Hi")], max_new_tokens=2, temperature=0.0)
