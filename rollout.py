@@ -4,8 +4,9 @@ One iteration's rollout (docs/algorithm.md):
 * the mode is drawn ONCE per iteration (`draw_mode`): no_memory 0.75, on_policy_tips 0.08, off_policy 0.17;
 * B task rows x N episodes run in lockstep: all live episodes go into ONE batched `generate` call per step (capped at
   `rollout.generation_batch_size`), then all environments step in threads; with `rollout.kv_reuse` each episode
-  keeps its KV cache between turns and a step feeds only its new tokens (engine/generation.py); with `seeds` every episode
-  samples from its own streams (`Episode.seed`), so its actions do not depend on the rest of the batch;
+  keeps its KV cache between turns and a step feeds only its new tokens (engine.generation.EpisodeCaches owns the
+  caches); with `seeds` every episode samples from its own streams (`Episode.seed`), so its actions do not depend
+  on the rest of the batch;
 * in memory modes the tips retrieved for the current observation are appended to that step's user message as a
   `<tip>` block of the current turn only, the paper's pi(a | s_t, u, tips_t) (`Episode`'s "current_turn" layout;
   samples.py says which context each mode learns in);
@@ -13,8 +14,9 @@ One iteration's rollout (docs/algorithm.md):
 * after every training episode the policy writes a one-sentence tip (`write_tips`); tips are never trained on.
   `rollout.tip_source: environment` is an ablation, not the paper: the environment's own tip (`Env.oracle_tip`);
   `oracle`: the sanity lab's per-state tips (`Env.oracle_entries`), stored at their states (docs/sanity.md);
-* with `intrinsic.coef` > 0 each step earns the novelty bonus 1/n of the state it reached (`advantages.pay_novelty`, called by
-  the trainer once every rank's visits of the iteration are counted, so n does not depend on the number of ranks).
+* with `intrinsic.coef` > 0 each step earns the novelty bonus 1/n of the state it reached (`advantages.pay_novelty`,
+  called by the trainer once every rank's visits of the iteration are counted, so n does not depend on the number
+  of ranks).
 
 Token streams (docs/decisions.md). An episode is recorded token-in/token-out: `Episode.ids` are exactly the ids the
 model was given and generated; nothing is re-tokenised before the update. Conversations are append-only, so with
@@ -38,7 +40,7 @@ from dataclasses import dataclass, field
 
 from config import MODES, TIP_TEMPERATURE, ConfigError, MemoryConfig, RolloutConfig
 from envs.base import Env, Task
-from engine.generation import ChatStream, generate, prefill
+from engine.generation import ChatStream, EpisodeCaches, generate
 from engine.kvcache import PrefixCache, supports_kv_reuse
 from memory import TipMemory, clean_tip, oracle_tip_entries, tip_block, tip_entries
 from infra.runtime import derive_seed
@@ -282,10 +284,9 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
     other episodes of the batch and of torch's global stream (None: the global stream). tip_placement="history"
     keeps every tip block where it was retrieved (one packed stream; not the paper's, a test path)."""
     assert len(envs) >= len(tasks), "need one environment per episode"
-    env_tips, oracle = cfg.tip_source == "environment", cfg.tip_source == "oracle"
-    if env_tips:
+    if cfg.tip_source == "environment":
         envs[0].oracle_tip()  # refuses before anything is played when the environment writes no tips
-    if oracle:
+    if cfg.tip_source == "oracle":
         envs[0].oracle_entries()  # the same for the oracle
     use_tips = mode != "no_memory" and memory is not None
     temperature = cfg.temperature if temperature is None else temperature
@@ -298,96 +299,100 @@ def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], gr
     observations = list(pool.map(lambda pair: pair[0].reset(pair[1]), zip(envs, tasks)))
     first_observations = list(observations)
     reached: list[list[str | None]] = [[] for _ in episodes]  # the state after each step (None: env crashed)
-    reuse = kv_reuse_enabled(model, cfg)
-    caches: list[PrefixCache | None] = [None] * len(episodes)  # each episode's KV cache (engine/generation.py)
+    caches = EpisodeCaches(model, chat.pad_id, len(episodes), kv_reuse_enabled(model, cfg), cfg.generation_batch_size)
     prefix = chat.encode(cfg.action_prefix) if cfg.action_prefix else []  # in the context, never trained
 
     step = 0
     while True:
+        # ---- retrieve each live episode's tips and build its turn
         live, contexts = [], []
         for i, ep in enumerate(episodes):
-            if ep.end:
-                continue
-            retrieved = (memory.retrieve(ep.task.key, observations[i], first_observations[i], cfg.tip_format)
-                         if use_tips else [])
-            # tips are model-written: no special tokens in a prompt
-            block = chat.plain(tip_block(retrieved, cfg.tip_format))
-            # the answer instruction comes last: it closes the first message, a reminder closes each later turn
-            reminder = envs[i].turn_reminder() if step > 0 else ""
-            instruction = envs[i].answer_instruction() if step == 0 else ""
-            if windowed:
-                delta, twin_delta, context = window_turn(chat, envs[i], cfg.history_window, block, reminder, prefix,
-                                                         instruction)
-            else:
-                delta, twin_delta, context = full_history_turn(chat, ep, observations[i], block, reminder, prefix,
-                                                               instruction)
-                if step == 0:  # the tip-free first message: stop before playing an episode that cannot fit
-                    check_first_turn(ep.task, len(twin_delta), envs[i].step_limit(ep.task), cfg,
-                                     len(chat.encode(envs[i].turn_reminder())))
-            if len(context) + cfg.max_action_tokens > cfg.max_prompt_tokens:
-                ep.end, ep.final_observation = "context", observations[i]
-                continue
-            ep.add_prompt(delta, twin_delta)
-            ep.tips_retrieved.append(len(retrieved))
-            ep.tips_shown.append(block)
-            ep.observations.append(observations[i])
-            ep.anchors.append(envs[i].anchor_state() or observations[i])
-            live.append(i)
-            contexts.append(context)
+            context = None if ep.end else next_turn(chat, envs[i], ep, observations[i], first_observations[i],
+                                                    memory if use_tips else None, cfg, step, prefix)
+            if context is not None:
+                live.append(i)
+                contexts.append(context)
         if not live:
             break
 
-        live_caches = None
-        if reuse:
-            if step == 0:  # the N episodes of a group share their first message: encode it once per group
-                for i, cache in zip(live, prefill(model, contexts, chat.pad_id, cfg.generation_batch_size)):
-                    caches[i] = cache
-            live_caches = [caches[i] for i in live]
-            for i in live:
-                caches[i] = None  # generate() consumes each row's cache as the batch takes it over
+        # ---- one batched generate call for every live episode
         logps: list = []  # behaviour log-probs of every sampled token: the update's old log-probs (samples.py)
         keep = [cache_needed(episodes[i], envs[i], step, keep_caches) for i in live]
-        actions = generate_actions(model, chat, contexts, live_caches, max_new_tokens=cfg.max_action_tokens,
+        taken = caches.take(live, contexts)
+        actions = generate_actions(model, chat, contexts, taken, max_new_tokens=cfg.max_action_tokens,
                                    temperature=temperature, top_p=cfg.top_p, batch_size=cfg.generation_batch_size,
                                    seeds=row_seeds([episodes[i] for i in live], "step", step), logprobs=logps,
                                    keep_caches=keep)
+        caches.put(live, taken)
         logps += [None] * (len(actions) - len(logps))  # nothing recorded (e.g. a scripted generator): recompute
-        for i, cache in zip(live, live_caches or []):
-            caches[i] = cache
         for i, action_ids, logp in zip(live, actions, logps):
             episodes[i].add_action(action_ids, logp)
             episodes[i].actions.append((cfg.action_prefix + chat.decode(action_ids)).strip())
-        texts = [episodes[i].actions[-1] for i in live]
 
+        # ---- step the environments and record what they said
+        texts = [episodes[i].actions[-1] for i in live]
         results = list(pool.map(lambda pair: envs[pair[0]].step(pair[1]), zip(live, texts)))
-        for i, (obs, reward, done, info) in zip(live, results):
-            ep = episodes[i]
-            ep.rewards.append(float(reward))
-            ep.penalties.append(float(info.get("penalty", 0.0)))
-            ep.corrected.append(bool(info.get("corrected") or info.get("penalty")))
-            reached[i].append(None if info.get("env_error") else obs)
-            ep.success, ep.score = bool(info.get("success", False)), info.get("score", ep.score)
-            observations[i] = obs
-            if done:
-                ep.final_observation = obs
-                ep.end = "env_error" if info.get("env_error") else "steps" if info.get("truncated") else "done"
-                if env_tips:
-                    ep.tip = envs[i].oracle_tip()
-                if oracle:
-                    ep.oracle = envs[i].oracle_entries()
-                if not keep_caches:
-                    caches[i] = None
+        for i, result in zip(live, results):
+            observations[i] = record_step(episodes[i], envs[i], result, reached[i], cfg.tip_source)
+            if episodes[i].end and not keep_caches:
+                caches.drop(i)
         step += 1
         if progress is not None:
             progress.set_postfix(step=step, live=len(live))
     if own_pool:
         pool.shutdown()
-    if keep_caches:
-        for ep, cache in zip(episodes, caches):
-            ep.kv_cache = cache
-    for ep, first, states in zip(episodes, first_observations, reached):
+    for ep, cache, first, states in zip(episodes, caches.caches, first_observations, reached):
+        ep.kv_cache = cache if keep_caches else None
         ep.states, ep.intrinsic = [first] + states, [0.0] * len(ep.rewards)
     return episodes
+
+
+def next_turn(chat: ChatStream, env: Env, ep: Episode, observation: str, first_observation: str,
+              memory: TipMemory | None, cfg: RolloutConfig, step: int, prefix: list[int]) -> list[int] | None:
+    """Retrieve this turn's tips (none without `memory`), build the turn and record its prompt in `ep`; the context
+    to generate from, or None (ep.end = "context") when it leaves no room for an action."""
+    retrieved = [] if memory is None else memory.retrieve(ep.task.key, observation, first_observation, cfg.tip_format)
+    # tips are model-written: no special tokens in a prompt
+    block = chat.plain(tip_block(retrieved, cfg.tip_format))
+    # the answer instruction comes last: it closes the first message, a reminder closes each later turn
+    reminder = env.turn_reminder() if step > 0 else ""
+    instruction = env.answer_instruction() if step == 0 else ""
+    if cfg.history_window >= 0:
+        delta, twin_delta, context = window_turn(chat, env, cfg.history_window, block, reminder, prefix, instruction)
+    else:
+        delta, twin_delta, context = full_history_turn(chat, ep, observation, block, reminder, prefix, instruction)
+        if step == 0:  # the tip-free first message: stop before playing an episode that cannot fit
+            check_first_turn(ep.task, len(twin_delta), env.step_limit(ep.task), cfg,
+                             len(chat.encode(env.turn_reminder())))
+    if len(context) + cfg.max_action_tokens > cfg.max_prompt_tokens:
+        ep.end, ep.final_observation = "context", observation
+        return None
+    ep.add_prompt(delta, twin_delta)
+    ep.tips_retrieved.append(len(retrieved))
+    ep.tips_shown.append(block)
+    ep.observations.append(observation)
+    ep.anchors.append(env.anchor_state() or observation)
+    return context
+
+
+def record_step(ep: Episode, env: Env, result: tuple, reached: list, tip_source: str) -> str:
+    """Record one environment step (`Env.step`'s (observation, reward, done, info)) in `ep`, and the state it
+    reached in `reached` (None after a crash); at the end, the environment's tip or oracle entries. Returns the
+    observation."""
+    obs, reward, done, info = result
+    ep.rewards.append(float(reward))
+    ep.penalties.append(float(info.get("penalty", 0.0)))
+    ep.corrected.append(bool(info.get("corrected") or info.get("penalty")))
+    reached.append(None if info.get("env_error") else obs)
+    ep.success, ep.score = bool(info.get("success", False)), info.get("score", ep.score)
+    if done:
+        ep.final_observation = obs
+        ep.end = "env_error" if info.get("env_error") else "steps" if info.get("truncated") else "done"
+        if tip_source == "environment":
+            ep.tip = env.oracle_tip()
+        if tip_source == "oracle":
+            ep.oracle = env.oracle_entries()
+    return obs
 
 
 def trajectory_text(ep: Episode, observation_chars: int) -> str:

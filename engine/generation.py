@@ -269,6 +269,43 @@ def prefill(model, contexts: list[list[int]], pad_id: int, batch_size: int = 0) 
     return [by_prefix.get(tuple(c[:-1])) for c in contexts]
 
 
+class EpisodeCaches:
+    """The KV caches of a batch of episodes played turn by turn, one per episode (None: nothing cached), as
+    `generate` uses them (rollout.run_episodes; with rollout.kv_reuse, else every turn is encoded from scratch).
+
+    `take(live, contexts)` hands the live rows' caches to the batch that consumes them: at the first turn each
+    distinct first message is prefilled once (`prefill`: a GRPO group's N episodes share one cache object), and a
+    row's entry is emptied as it is taken, so the keys/values exist about once. `put(live, taken)` takes back what
+    `generate` returned: each row's context + continuation, or None where it was told not to keep it. `drop(i)`
+    frees a finished episode's; `caches` is what is left at the end (`Episode.kv_cache`, for the tip)."""
+
+    def __init__(self, model, pad_id: int, rows: int, enabled: bool, batch_size: int = 0):
+        self.model, self.pad_id, self.enabled, self.batch_size = model, pad_id, enabled, batch_size
+        self.caches: list[PrefixCache | None] = [None] * rows
+        self.turns = 0
+
+    def take(self, live: list[int], contexts: list[list[int]]) -> list[PrefixCache | None] | None:
+        """The live rows' caches for one `generate` call (None without reuse: encode every context)."""
+        self.turns += 1
+        if not self.enabled:
+            return None
+        if self.turns == 1:  # the N episodes of a group share their first message: encode it once per group
+            for i, cache in zip(live, prefill(self.model, contexts, self.pad_id, self.batch_size)):
+                self.caches[i] = cache
+        taken = [self.caches[i] for i in live]
+        for i in live:
+            self.caches[i] = None  # generate() consumes each row's cache as the batch takes it over
+        return taken
+
+    def put(self, live: list[int], taken: list[PrefixCache | None] | None) -> None:
+        """Store what `generate` left in the taken list: each row's cache after its continuation (or None)."""
+        for i, cache in zip(live, taken or []):
+            self.caches[i] = cache
+
+    def drop(self, i: int) -> None:
+        self.caches[i] = None
+
+
 @one_autocast_region
 @torch.no_grad()
 def generate(model, pad_id: int, eos_id: int, contexts: list[list[int]], *, max_new_tokens: int,
