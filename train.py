@@ -278,6 +278,38 @@ def validate(model, chat, envs, test_tasks, cfg: Config, accelerator, pool, out_
 # ----------------------------------------------------------------------------- the loop
 
 
+def load_models(cfg: Config, launch, accelerator, resuming: bool) -> tuple:
+    """(policy, tokenizer, reference or None), each on this rank's device and sharded under FSDP."""
+    with accelerator.main_process_first():  # rank 0 converts/downloads the model once
+        # A resume's checkpoint holds the whole adapter: the one the run started from (init_adapter) is not needed
+        model_cfg = replace(cfg.model, init_adapter="") if resuming else cfg.model
+        model, tokenizer = load_policy(model_cfg, device=accelerator.device, autocast_forward=not launch.fsdp)
+    if launch.fsdp:  # after loading (every rank holds the same fp32 weights), before the optimizer sees them
+        shard_model(model, getattr(torch, cfg.model.dtype), launch)
+    # pi_ref of the KL term. LoRA: the policy with its adapters disabled (no copy). Full fine-tune: a frozen copy of
+    # the initial policy from name_or_path (on resume too), sharded like the policy; the optimizer never sees it.
+    reference = None
+    if cfg.loss.kl_coef and not cfg.model.lora:
+        reference = load_reference(cfg.model, device=accelerator.device, autocast_forward=not launch.fsdp)
+        if launch.fsdp:
+            shard_model(reference, getattr(torch, cfg.model.dtype), launch)
+    return model, tokenizer, reference
+
+
+def make_envs(cfg: Config, chat: ChatStream, world: int) -> tuple:
+    """(one environment per episode this rank plays at once, a thread pool to step them, the training tasks, the
+    validation tasks); stops before anything is played when a task's first message leaves no room to play."""
+    pool_size = cfg.rollout.tasks_per_iteration // world * cfg.rollout.group_size
+    envs = make_env_pool(cfg.env, pool_size)
+    threads = ThreadPoolExecutor(max_workers=pool_size)
+    train_tasks = envs[0].tasks("train")
+    test_tasks = envs[0].tasks("test")
+    if cfg.train.eval_tasks > 0:
+        test_tasks = test_tasks[: cfg.train.eval_tasks]
+    check_prompt_budget(chat, envs[0], train_tasks + (test_tasks if cfg.train.eval_every else []), cfg.rollout)
+    return envs, threads, train_tasks, test_tasks
+
+
 def train(cfg: Config) -> dict:
     from tqdm.auto import tqdm
 
@@ -300,19 +332,7 @@ def train(cfg: Config) -> dict:
     np.random.seed(cfg.train.seed + rank)
     torch.manual_seed(cfg.train.seed)  # same init (LoRA) on every rank
 
-    with accelerator.main_process_first():  # rank 0 converts/downloads the model once
-        # A resume's checkpoint holds the whole adapter: the one the run started from (init_adapter) is not needed
-        model_cfg = replace(cfg.model, init_adapter="") if checkpoint is not None else cfg.model
-        model, tokenizer = load_policy(model_cfg, device=accelerator.device, autocast_forward=not launch.fsdp)
-    if launch.fsdp:  # after loading (every rank holds the same fp32 weights), before the optimizer sees them
-        shard_model(model, getattr(torch, cfg.model.dtype), launch)
-    # pi_ref of the KL term. LoRA: the policy with its adapters disabled (no copy). Full fine-tune: a frozen copy of
-    # the initial policy from name_or_path (on resume too), sharded like the policy; the optimizer never sees it.
-    reference = None
-    if cfg.loss.kl_coef and not cfg.model.lora:
-        reference = load_reference(cfg.model, device=accelerator.device, autocast_forward=not launch.fsdp)
-        if launch.fsdp:
-            shard_model(reference, getattr(torch, cfg.model.dtype), launch)
+    model, tokenizer, reference = load_models(cfg, launch, accelerator, resuming=checkpoint is not None)
     # Sampling: each rank its own stream (with the init seed, two ranks playing the same task would sample the same
     # episodes). A checkpoint saves every rank's stream, so a resumed run continues it.
     torch.manual_seed(derive_seed(cfg.train.seed, "sampling", rank))
@@ -330,14 +350,7 @@ def train(cfg: Config) -> dict:
     if accelerator.is_main_process:  # after the resume check: a refused resume leaves the run's files as they were
         (out_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))  # as the launch set it
 
-    pool_size = cfg.rollout.tasks_per_iteration // world * cfg.rollout.group_size
-    envs = make_env_pool(cfg.env, pool_size)
-    threads = ThreadPoolExecutor(max_workers=pool_size)
-    train_tasks = envs[0].tasks("train")
-    test_tasks = envs[0].tasks("test")
-    if cfg.train.eval_tasks > 0:
-        test_tasks = test_tasks[: cfg.train.eval_tasks]
-    check_prompt_budget(chat, envs[0], train_tasks + (test_tasks if cfg.train.eval_every else []), cfg.rollout)
+    envs, threads, train_tasks, test_tasks = make_envs(cfg, chat, world)
     logger = MetricsLogger(out_dir, cfg, accelerator.is_main_process, start)  # drops rows a resume replays
     stop = stop_on_signals()  # SIGTERM / SIGINT: finish the iteration, checkpoint, exit 0
     clock, last = Clock(), {}
