@@ -1,4 +1,5 @@
-"""The EMPO² objective as pure functions: tensors and masks in, loss and metrics out (advantages: advantages.py).
+"""The EMPO² objective: pure functions from tensors and masks to the loss and its metrics, then the model-facing side
+that computes those tensors with forward passes over samples (advantages: advantages.py).
 
 Paper map (arXiv 2602.23008; the equations are written out in docs/algorithm.md):
 

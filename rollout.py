@@ -18,12 +18,14 @@ One iteration's rollout (docs/algorithm.md):
   called by the trainer once every rank's visits of the iteration are counted, so n does not depend on the number
   of ranks).
 
-Token streams (docs/decisions.md). An episode is recorded token-in/token-out: `Episode.ids` are exactly the ids the
-model was given and generated; nothing is re-tokenised before the update. Conversations are append-only, so with
-full history (`rollout.history_window: -1`) an episode is ONE sequence scored in one forward pass. `Episode.twin_ids`
-is the same episode built from the same message deltas WITHOUT the tip blocks (never by deleting ids afterwards,
-the reference's bug); the off-policy update scores the actions in that context. With a history window (k >= 0,
-WebShop style) each step is its own prompt and its own sample, with a tip and a tip-free prompt.
+Token streams (docs/decisions.md). An episode is recorded token-in/token-out: every context the model was given, and
+what it generated, is kept as ids, never re-tokenised before the update: `Episode.ids` in the "packed" layout
+(no-memory episodes), each step's own prompt in `Episode.steps` in the "current_turn" layout (where `ids` is the
+tip-free stream) and the "window" layout. Conversations are append-only, so with full history
+(`rollout.history_window: -1`) an episode is ONE sequence scored in one forward pass. `Episode.twin_ids` is the
+same episode built from the same message deltas WITHOUT the tip blocks (never by deleting ids afterwards, the
+reference's bug); the off-policy update scores the actions in that context. With a history window (k >= 0, WebShop
+style) each step is its own prompt and its own sample, with a tip and a tip-free prompt.
 
 Deviations: the tip is written from the episode's with-tip stream plus one user turn holding the final observation
 and the tip prompt (the reference sends them as two user messages, its tips as plain text without tags); with a
