@@ -8,9 +8,8 @@ A setting (docs/sanity.md, "EMPO² vs GRPO": each chosen and committed before it
 `SETTINGS`, applied to every arm: `difficulty2` (the default; results/comparison), `difficulty1`, registered when
 the first was reported unusable (results/comparison_difficulty1), and `difficulty1_warmup`, the second with every run
 of a seed starting from the seed's format warm-up (`WARMUPS`, tools/warmup.py; runs/warmup_s<seed>/, made first), and
-`switch_oracle` (issue 49, registered in docs/LOG.md: the switch lab, a tip-reading warm-up per seed, its own arms
-`SETTING_ARMS`, success as the metric, paired contrasts with Holm and three validity checks in the summary). An output
-folder remembers its setting (setting.json) and refuses another. The arms differ only by `ARMS`:
+`switch_oracle` (docs/LOG.md: the switch lab, tip-reading warm-ups, its own `SETTING_ARMS`, paired contrasts on success
+and validity checks). An output folder remembers its setting (setting.json). The arms differ only by `ARMS`:
 
     grpo                configs/sanity_grpo.yaml: memory and the novelty bonus off
     empo2               configs/sanity_empo2.yaml: the paper's mode probabilities 0.75 / 0.08 / 0.17, policy-written tips
@@ -18,8 +17,7 @@ folder remembers its setting (setting.json) and refuses another. The arms differ
                         on-policy with tips, no off-policy update
     empo2_env_tips      an ABLATION, not the paper: tips written by the environment from the episode's own feedback
                         (rollout.tip_source=environment): isolates the hybrid update from the quality of a 135M model's tips
-    switch_oracle only: grpo_novelty (GRPO + the novelty bonus), empo2_oracle (per-state oracle tips), empo2_oracle_no_off
-    (its off-policy share on-policy with tips), empo2_oracle_alg1 (Algorithm 1's tip-free old log-prob), empo2_policy
+    switch_oracle: grpo_novelty, empo2_oracle, empo2_oracle_no_off, empo2_oracle_alg1, empo2_policy (docs/LOG.md)
 
 Each run is its own `python train.py` process (runs/<arm>_s<seed>/, its exact command in command.txt). `run` skips
 finished runs (done.json) and resumes interrupted ones from their newest checkpoint (train.py --resume=latest, exact:
@@ -32,15 +30,14 @@ and compare.png: per arm the final and area-under-curve validation return, the d
 the tip-usefulness table, and the training signal per memory mode (`training_signal`: fatal episodes, episodes that
 reached a stage, groups with no task signal, tip hit rate, per quarter of training the shares that wrote a focus and
 that were solved), whether the policy writes a listed command itself (`command_use`), how validation episodes end
-before RL and at the end (`episode_endings`) and the validation success rate per iteration (compare.png's middle
-panel: did the registered return rise by solving tasks or by fewer fatal endings?): the measurements behind a verdict.
+before RL and at the end (`episode_endings`) and the validation success rate per iteration: the measurements behind
+a verdict.
 
-`--jobs N` runs N runs at once, each process with OMP_NUM_THREADS and --train.torch_threads = cores // N (at least 1;
-the sanity configs' own torch_threads would override OMP_NUM_THREADS and oversubscribe the cores): a 135M model's decode
-steps are small matrix products that a second thread speeds up little, so on 2 cores two one-thread runs are expected
-to finish more runs per hour than one two-thread run (not yet measured on an idle machine). The thread count is in
-each run's command.txt; results depend on it only through the order of float reductions. Wall times of runs that
-shared the cores are not comparable with those of runs that did not.
+`--jobs N` runs N runs at once, each with OMP_NUM_THREADS and --train.torch_threads = cores // N (at least 1; the
+sanity configs' own torch_threads would oversubscribe the cores). On 2 cores two one-thread runs finished no more
+iterations per hour than one two-thread run (results/pilot_switch). The thread count is in each run's command.txt;
+results depend on it only through the order of float reductions; wall times of runs that shared the cores are not
+comparable with those of runs that did not.
 """
 from __future__ import annotations
 
