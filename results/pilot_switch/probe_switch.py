@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -58,14 +59,14 @@ def main() -> None:
     modes = {r["iteration"]: r["mode"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
     folders = [(0, Path(args.adapter or cfg.model.init_adapter))]
     folders += [(int(f.name.split("_")[1]), f / "model") for f in sorted((run / "checkpoints").glob("iter_*"))]
-    rows, previous = [], None
+    rows, previous, episodes = [], None, None
     for iteration, folder in folders:
-        model_cfg = cfg.model.__class__(**{**vars(cfg.model), "init_adapter": str(folder)})
-        model, tokenizer = load_policy(model_cfg)
+        model, tokenizer = load_policy(replace(cfg.model, init_adapter=str(folder)))
         model.eval()
         chat = ChatStream(tokenizer)
-        prefix = chat.encode(cfg.rollout.action_prefix) if cfg.rollout.action_prefix else []
-        episodes = [gold_episode(env, t, chat, prefix, env.turn_reminder()) for t in env.tasks("train")]
+        if episodes is None:  # the same tokenizer in every checkpoint: the gold streams once
+            prefix = chat.encode(cfg.rollout.action_prefix) if cfg.rollout.action_prefix else []
+            episodes = [gold_episode(env, t, chat, prefix, env.turn_reminder()) for t in env.tasks("train")]
         values = switch_logprobs(model, chat, episodes)
         mean = sum(values) / len(values)
         row = {"iteration": iteration, "mode": modes.get(iteration, "warm-up"), "switch_logp": mean,
