@@ -235,3 +235,44 @@ def split_by_steps(order: list[int], steps: list[int], count: int) -> list[list[
         chunks[min(count - 1, seen * count // total) if total else 0].append(i)
         seen += steps[i]
     return chunks
+
+
+@dataclass
+class UpdatePlan:
+    """One iteration's update over EVERY rank's samples, identical on every rank (verl: the whole batch cut into equal
+    mini-batches, each handed out to the workers). Each epoch shuffles the global list once and cuts it into
+    mini-batches of about `minibatch_steps` steps (`split_by_steps`); each mini-batch's samples go to the ranks
+    balanced by tokens (`hand_out`); every mini-batch divides its weighted loss sum by `normaliser`. The mini-batches,
+    and so every step's weight, are the same on any number of ranks."""
+
+    normaliser: float  # minibatch_normaliser over all the samples
+    epochs: list[list[list[list[int]]]]  # [epoch][mini-batch][rank] -> indices into the global sample list
+
+
+def plan_update(samples: list[Sample], minibatch_steps: int, epochs: int, rng, world: int) -> UpdatePlan:
+    """The UpdatePlan of `samples` (every rank's, in rank order): max(1, round(steps / minibatch_steps))
+    mini-batches per epoch, one `rng.shuffle` per epoch."""
+    steps, tokens = [s.steps for s in samples], [len(s.ids) for s in samples]
+    count = max(1, round(sum(steps) / minibatch_steps))
+    plan = []
+    for _ in range(epochs):
+        order = list(range(len(samples)))
+        rng.shuffle(order)
+        plan.append([hand_out(chunk, tokens, world) for chunk in split_by_steps(order, steps, count)])
+    return UpdatePlan(minibatch_normaliser(sum(steps), sum(s.units for s in samples), minibatch_steps), plan)
+
+
+def hand_out(chunk: list[int], tokens: list[int], world: int) -> list[list[int]]:
+    """One mini-batch's samples -> one share per rank: the longest first, each to the rank holding the fewest tokens
+    so far (ties: the lower rank); a share keeps the mini-batch's order. One rank: the whole mini-batch, in order."""
+    load, owner = [0] * world, {}
+    for i in sorted(chunk, key=lambda i: -tokens[i]):  # stable: equal lengths keep the shuffled order
+        owner[i] = min(range(world), key=load.__getitem__)
+        load[owner[i]] += tokens[i]
+    return [[i for i in chunk if owner[i] == r] for r in range(world)]
+
+
+def padding_sample(pad_id: int) -> Sample:
+    """A 2-token sample with one action token and weight 0: the cheapest forward/backward FSDP can match."""
+    return Sample(ids=[pad_id, pad_id], mask=[0, 1], advantages=[0.0], old=[Context([pad_id, pad_id], [0, 1])],
+                  old_logp=[0.0], weights=[0.0])

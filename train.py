@@ -15,21 +15,19 @@ One iteration (paper Algorithm 1; docs/algorithm.md §7), one line per step in `
  6. advantages: GRPO per row-group of N episodes (or GiGPO's per step), + the novelty tie-breaker (advantages.py);
  7. samples (samples.build_samples): the context each mode learns in (Table 3), every action token weighted per step;
  8. old log-probs, once (and the KL reference's with `loss.kl_coef`);
- 9. `train.epochs` passes of shuffled mini-batches of ~`train.minibatch_steps` environment steps: clipped objective
-    (losses.py), every step weighing 1 / minibatch_steps (one normaliser for the iteration), gradient all-reduce,
-    clipping, AdamW. A non-finite loss or gradient norm on any rank skips that optimiser step on every rank (logged).
+ 9. `train.epochs` passes of mini-batches of ~`train.minibatch_steps` environment steps, cut from every rank's
+    samples shuffled together: clipped objective (losses.py), every step weighing 1 / minibatch_steps (one
+    normaliser for the iteration), gradient all-reduce, clipping, AdamW. A non-finite loss or gradient norm on any
+    rank skips that optimiser step on every rank (logged).
 Then the metrics row, validation every `train.eval_every` iterations, a checkpoint every `train.save_every`.
 The GRPO baseline is this loop with `memory.enabled: false`. `python train.py --help` lists every config key.
 
-Multi-process design (infra/runtime.py checks the launch options first). Data parallel (LoRA, or a full fine-tune that
-fits one GPU): the model is NOT wrapped in DDP. Ranks can hold different numbers of samples (episodes truncate
-differently, window mode has one sample per step), so micro-batch counts differ between ranks and DDP's
-per-backward hooks would deadlock; instead each rank accumulates its share of the mini-batch gradient and the
-gradients are summed with bucketed `accelerator.reduce` calls per optimiser step. For LoRA this is a few MB.
-FSDP (full fine-tune of 7B on 8 GPUs, configs/accelerate/fsdp_8gpu.yaml): every decoder layer is sharded; rollout,
-tips and old log-probs run inside `full_weights` (whole layers, no collectives, so ranks may generate different
-lengths); the update pads ranks to equal numbers of micro-batches with zero-weight ones. A full fine-tune's KL
-reference (`loss.kl_coef`, infra.models.load_reference) is sharded the same way and scored inside its own `full_weights`.
+Multi-process (docs/scaling.md; infra/runtime.py checks the launch options first): the update is planned over every
+rank's samples at once (samples.plan_update: one process's mini-batches, each handed to the ranks by tokens); no DDP
+wrapper (ranks' micro-batch counts differ, its hooks would deadlock): gradients are summed with bucketed all-reduces.
+FSDP (full fine-tune, configs/accelerate/fsdp_8gpu.yaml): generation, old log-probs, the KL reference's log-probs and
+validation each run in one `full_weights` block (whole layers: ranks may run different numbers of forwards); the
+update pads ranks to equal micro-batch counts with zero-weight ones.
 
 Outputs in `output_dir`: metrics.jsonl (one line per iteration), tb/ (TensorBoard), metrics.png, config.yaml,
 ranks.json, checkpoints/iter_XXXXXX/ and `--resume` (infra/metrics.py, infra/checkpoint.py).
@@ -55,125 +53,81 @@ from envs import make_env_pool
 from eval import evaluate
 from infra.checkpoint import (CheckpointError, check_resume, find_checkpoint, load_checkpoint, save_checkpoint,
                               write_rank_fingerprints)
-from infra.metrics import (Clock, EpisodeStats, MetricsLogger, episode_record, merge_rank_metrics, plot_metrics,
-                           sample_for_log, write_episodes)
+from infra.metrics import (Clock, EpisodeStats, MetricsLogger, UpdateStats, episode_record, merge_rank_metrics,
+                           plot_metrics, sample_for_log, write_episodes)
 from infra.models import ModelLoadError, load_policy, load_reference
-from infra.runtime import (all_ranks, all_reduce_gradients, check_launch, derive_seed, full_weights, gather_objects,
-                           make_accelerator, minibatch_shape, rng_devices, shard_model, stop_on_signals)
+from infra.runtime import (Seeds, all_ranks, all_reduce_gradients, check_launch, derive_seed, full_weights,
+                           gather_objects, make_accelerator, rng_devices, shard_model, stop_on_signals)
 from losses import compute_old_logprobs, compute_reference_logprobs, length_buckets, padded_tokens, samples_loss
 from memory import TipMemory
 from rollout import ChatStream, check_prompt_budget, draw_mode, run_episodes, write_tips
-from samples import Context, Sample, build_samples, minibatch_normaliser, split_by_steps
+from samples import Sample, build_samples, padding_sample, plan_update
 
 
 # ----------------------------------------------------------------------------- the update
 
 
-TOKEN_COUNTS = ("action_tokens", "pos_adv_tokens", "pos_adv_clipped", "pos_adv_masked")  # summed, not averaged
-
-
 def update(model, optimizer, samples, cfg: Config, accelerator, mode: str, pad_id: int, rng: random.Random,
            sharded: bool = False) -> dict:
-    """`train.epochs` passes of shuffled mini-batches of about `train.minibatch_steps` environment steps each: the
-    clipped objective (losses.samples_loss), gradient clipping, AdamW; a non-finite loss or gradient norm on any rank
-    skips that step on every rank. Every action token carries a loss weight (`Sample.weights`: each step weighs 1)
-    and a mini-batch's loss is sum(w * l) / N with ONE normaliser N for every mini-batch of the iteration
-    (`samples.minibatch_normaliser`): every step weighs 1 / minibatch_steps wherever it lands."""
-    # Ranks: mini-batch k is the union of every rank's k-th chunk (every rank cuts its shuffled samples into the
-    # same number of chunks, balanced by step counts). A rank holds a few whole episodes, so chunks vary in size: a
-    # per-mini-batch normaliser would weigh a step by the size of the mini-batch the shuffle put it in, hence one N
-    # from all ranks (`minibatch_plan`). Each micro-batch's loss is already its share of the mini-batch loss, so a
-    # SUM over ranks gives it: `all_reduce_gradients` sums for data parallel; FSDP's reduce-scatter averages, hence
-    # the extra factor world. Under FSDP every forward/backward is a collective, so every rank runs as many
-    # micro-batches as the busiest one, padding with zero-weight micro-batches (`padding_sample`).
+    """`train.epochs` passes over every rank's samples (samples.plan_update, with `rng` the same on every rank: one
+    shuffle, mini-batches of ~`train.minibatch_steps` steps, each handed to the ranks by tokens): the clipped
+    objective (losses.samples_loss, sum(w * l) / N with ONE N per iteration: a step weighs 1 / minibatch_steps
+    wherever it lands), gradient all-reduce, clipping, AdamW; a non-finite loss or gradient skips the step."""
+    everyone = [s for part in gather_objects(accelerator, [replace(s, old=[]) for s in samples]) for s in part]
+    plan = plan_update(everyone, cfg.train.minibatch_steps, cfg.train.epochs, rng, accelerator.num_processes)
     params = [p for p in model.parameters() if p.requires_grad]
     lowprob = cfg.loss.lowprob_mask if mode in cfg.loss.lowprob_mask_modes else "none"
-    world = accelerator.num_processes
-    sums: dict[str, float] = {}
-    weight, ratio_max, steps, skipped, grad_norms, loss_sum = 0.0, 0.0, 0, 0, [], 0.0
-    pad, positions, padding_passes = 0, 0, 0
-    count, normaliser = minibatch_plan(samples, cfg.train.minibatch_steps, accelerator)
+    stats = UpdateStats(samples)
     model.train()
-    for _ in range(cfg.train.epochs):
-        order = list(range(len(samples)))
-        rng.shuffle(order)
-        for chunk in split_by_steps(order, [s.steps for s in samples], count):
-            chunk = [samples[i] for i in chunk]
-            lengths = [len(s.ids) for s in chunk]
-            # The random split decides the step; the length order (buckets) only the padding within it.
-            buckets = length_buckets(lengths, cfg.train.micro_batch_size)
-            units, passes = minibatch_shape(sum(s.units for s in chunk), len(buckets), accelerator, sharded)
-            if units <= 0:  # no rank has a sample with weight for this mini-batch: nothing to learn, no step
-                continue
-            n_pad, n_all = padded_tokens(lengths, buckets)
-            pad, positions = pad + n_pad, positions + n_all
-            optimizer.zero_grad(set_to_none=False)
-            finite, minibatch_loss = True, 0.0
-            for k in range(passes):
-                real = k < len(buckets)
-                micro = [chunk[i] for i in buckets[k]] if real else [padding_sample(pad_id)]
-                loss, metrics = samples_loss(model, micro, pad_id, accelerator.device, cfg.loss, lowprob, normaliser)
-                # A non-finite loss still goes through backward (FSDP's collectives must stay matched); the step is
-                # skipped on every rank below.
-                (loss * world if sharded else loss).backward()
-                padding_passes += not real
-                finite = finite and bool(torch.isfinite(loss))
-                if not real or not torch.isfinite(loss):
-                    continue
-                for key, value in metrics.items():  # means weighted by samples; token counts summed
-                    sums[key] = sums.get(key, 0.0) + value * (1 if key in TOKEN_COUNTS else len(micro))
-                minibatch_loss += loss.item()
-                ratio_max = max(ratio_max, metrics["ratio_max"])
-                weight += len(micro)
-            if not sharded:
-                all_reduce_gradients(params, accelerator)
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.train.max_grad_norm)
-            grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: DTensor
-            # A NaN loss does not always reach the gradient (clamp's backward drops it), so the losses are checked too.
-            if not all_ranks(finite, accelerator) or not torch.isfinite(grad_norm):
-                optimizer.zero_grad(set_to_none=False)  # never let NaN/inf reach the weights
-                skipped += 1
-                continue
+    for shares in (minibatch for epoch in plan.epochs for minibatch in epoch):  # [rank] -> sample indices
+        if not any(everyone[i].units for share in shares for i in share):
+            continue  # no weighted sample on any rank: nothing to learn, no step
+        optimizer.zero_grad(set_to_none=False)
+        finite = True
+        for micro in micro_batches(everyone, shares, accelerator.process_index, cfg.train.micro_batch_size, sharded,
+                                   stats):  # [] = a zero-weight padding pass
+            loss, metrics = samples_loss(model, micro or [padding_sample(pad_id)], pad_id, accelerator.device,
+                                         cfg.loss, lowprob, plan.normaliser)
+            # Each micro-batch's loss is its share of the mini-batch loss, so ranks SUM gradients; FSDP's
+            # reduce-scatter averages, hence x world. A non-finite loss still goes through backward (FSDP's
+            # collectives must stay matched); the step is skipped on every rank below.
+            (loss * accelerator.num_processes if sharded else loss).backward()
+            finite = finite and bool(torch.isfinite(loss))
+            stats.micro_batch(micro, loss, metrics)
+        if not sharded:
+            all_reduce_gradients(params, accelerator)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.train.max_grad_norm)
+        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: DTensor
+        # A NaN loss does not always reach the gradient (clamp's backward drops it), so the losses are checked too.
+        stepped = all_ranks(finite, accelerator) and bool(torch.isfinite(grad_norm))
+        if stepped:
             optimizer.step()
-            steps += 1
-            loss_sum += minibatch_loss
-            grad_norms.append(grad_norm.item())
-    out = {key: value / max(weight, 1.0) for key, value in sums.items() if key not in TOKEN_COUNTS}
-    positive = sums.get("pos_adv_tokens", 0.0)  # shares of the positive-advantage tokens clipped / masked
-    out.update(pos_adv_tokens=positive, pos_adv_clip_frac=sums.get("pos_adv_clipped", 0.0) / max(positive, 1.0),
-               pos_adv_masked_frac=sums.get("pos_adv_masked", 0.0) / max(positive, 1.0))
-    # This rank's part of the mean mini-batch loss: the ranks' parts add up to it (infra.metrics.SUMMED_KEYS).
-    out.update(loss=loss_sum / max(steps, 1), ratio_max=ratio_max, optimizer_steps=float(steps),
-               skipped_updates=float(skipped), grad_norm=float(np.mean(grad_norms)) if grad_norms else 0.0,
-               samples=float(len(samples)), train_steps=float(sum(s.steps for s in samples)),
-               action_tokens=sums.get("action_tokens", 0.0), padding_frac=pad / max(positions, 1),
-               padding_passes=float(padding_passes))
-    return out
+        else:
+            optimizer.zero_grad(set_to_none=False)  # never let NaN/inf reach the weights
+        stats.optimizer_step(stepped, grad_norm.item())
+    return stats.result()
 
 
-def minibatch_plan(samples: list[Sample], minibatch_steps: int, accelerator) -> tuple[int, float]:
-    """(mini-batches per epoch = max(1, round(all ranks' steps / minibatch_steps)), the loss normaliser of every
-    one of them, `samples.minibatch_normaliser`): the same on every rank, from one all-reduce of [steps, units]."""
-    totals = [float(sum(s.steps for s in samples)), sum(s.units for s in samples)]
-    if accelerator.num_processes > 1:
-        totals = accelerator.reduce(torch.tensor(totals, dtype=torch.float64, device=accelerator.device),
-                                    reduction="sum").tolist()
-    steps, units = round(totals[0]), totals[1]
-    return max(1, round(steps / minibatch_steps)), minibatch_normaliser(steps, units, minibatch_steps)
-
-
-def padding_sample(pad_id: int) -> Sample:
-    """A 2-token sample with one action token and advantage 0: the cheapest forward/backward FSDP can match."""
-    return Sample(ids=[pad_id, pad_id], mask=[0, 1], advantages=[0.0], old=[Context([pad_id, pad_id], [0, 1])],
-                  old_logp=[0.0], weights=[0.0])
+def micro_batches(everyone: list[Sample], shares: list[list[int]], rank: int, size: int, sharded: bool,
+                  stats) -> list[list[Sample]]:
+    """This rank's micro-batches of one mini-batch: its share, similar lengths together (losses.length_buckets).
+    Under FSDP, where every forward/backward is a collective, empty ones (zero-weight padding passes) follow, up to
+    the number the rank with the most runs."""
+    lengths = [[len(everyone[i].ids) for i in share] for share in shares]
+    buckets = length_buckets(lengths[rank], size)
+    stats.padding(*padded_tokens(lengths[rank], buckets))
+    batches = [[everyone[shares[rank][j]] for j in bucket] for bucket in buckets]
+    if sharded:
+        batches += [[] for _ in range(max(len(length_buckets(n, size)) for n in lengths) - len(batches))]
+    return batches
 
 
 # ----------------------------------------------------------------------------- pieces of one iteration
 
 
-def iteration_tasks(train_tasks: list, count: int, seed: int, iteration: int) -> list:
-    """`count` task rows for this iteration: balanced over the task list, shuffled, the same on all ranks."""
-    rng = random.Random(derive_seed(seed, "tasks", iteration))
+def iteration_tasks(train_tasks: list, count: int, seed: int) -> list:
+    """`count` task rows for one iteration (seed: `Seeds.tasks`): balanced over the task list, shuffled."""
+    rng = random.Random(seed)
     rows = []
     while len(rows) < count:
         block = list(train_tasks)
@@ -182,27 +136,23 @@ def iteration_tasks(train_tasks: list, count: int, seed: int, iteration: int) ->
     return rows[:count]
 
 
-def iteration_rows(train_tasks: list, cfg: Config, iteration: int, rank: int, world: int) -> tuple[list, list]:
+def iteration_rows(train_tasks: list, cfg: Config, seeds: Seeds, world: int) -> tuple[list, list]:
     """(tasks, groups) this rank plays: rows rank, rank + world, ... of the iteration's rows, each `group_size`
     times; an episode's group is its row's index, so a group never spans ranks."""
-    rows = iteration_tasks(train_tasks, cfg.rollout.tasks_per_iteration, cfg.train.seed, iteration)
-    groups = [r for r in range(rank, len(rows), world) for _ in range(cfg.rollout.group_size)]
+    rows = iteration_tasks(train_tasks, cfg.rollout.tasks_per_iteration, seeds.tasks)
+    groups = [r for r in range(seeds.rank, len(rows), world) for _ in range(cfg.rollout.group_size)]
     return [rows[r] for r in groups], groups
 
 
-def play(model, chat, envs, memory, cfg: Config, tasks, groups, mode, iteration, accelerator, pool, bar, clock
+def play(model, chat, envs, memory, cfg: Config, tasks, groups, mode, seeds: Seeds, accelerator, pool, bar, clock
          ) -> tuple:
-    """(episodes, played): this rank's episodes (rollout.run_episodes, under full_weights: FSDP ranks generate
-    different numbers of tokens), with their novelty bonus once every rank's visits are counted
-    (advantages.pay_novelty), and those learned from. An episode cut by an environment crash has a partial return: it
-    is counted in the metrics but not learned from (no tip, no advantage statistics, no sample)."""
+    """(episodes, played): this rank's episodes (rollout.run_episodes), with their novelty bonus once every rank's
+    visits are counted (advantages.pay_novelty), and those learned from. An episode cut by an environment crash has a
+    partial return: it is counted in the metrics but not learned from (no tip, no advantage statistics, no sample)."""
     clock.start()
     model.eval()
-    with full_weights(model):
-        seeds = [derive_seed(cfg.train.seed, "episode", iteration, accelerator.process_index, j)
-                 for j in range(len(tasks))]
-        episodes = run_episodes(model, chat, envs, tasks, groups, mode=mode, memory=memory, cfg=cfg.rollout,
-                                pool=pool, progress=bar, keep_caches=cfg.memory.enabled, seeds=seeds)
+    episodes = run_episodes(model, chat, envs, tasks, groups, mode=mode, memory=memory, cfg=cfg.rollout, pool=pool,
+                            progress=bar, keep_caches=cfg.memory.enabled, seeds=seeds.episodes(len(tasks)))
     if counts_novelty(mode, memory, cfg.intrinsic):  # the same on every rank: one gather of every rank's visits
         pay_novelty(episodes, memory, lambda obj: gather_objects(accelerator, obj))
     clock.lap("time_rollout")
@@ -213,11 +163,10 @@ def play(model, chat, envs, memory, cfg: Config, tasks, groups, mode, iteration,
 
 
 def reflect(model, chat, played, memory, cfg: Config, env) -> dict:
-    """The policy writes a tip per played episode (rollout.write_tips, under full_weights), staged in memory."""
+    """The policy writes a tip per played episode (rollout.write_tips), staged in memory."""
     if not cfg.memory.enabled:
         return {"tips_written": 0.0, "tips_empty": 0.0}
-    with full_weights(model):
-        return write_tips(model, chat, played, memory, cfg.rollout, env.max_score())
+    return write_tips(model, chat, played, memory, cfg.rollout, env.max_score())
 
 
 def sync_memory(memory, accelerator, clock) -> None:
@@ -246,32 +195,32 @@ def old_logprobs(model, reference, samples, pad_id: int, cfg: Config, accelerato
     return {"old_logp_padding_frac": pad / max(positions, 1), "old_logp_tokens": float(positions)}
 
 
-def log_record(cfg: Config, accelerator, memory, out_dir: Path, iteration: int, mode: str, episodes, counts: dict,
+def log_record(cfg: Config, accelerator, memory, out_dir: Path, seeds: Seeds, mode: str, episodes, counts: dict,
                update_metrics: dict, clock) -> dict:
     """One metrics row from one exchange per iteration (every rank's episodes, update statistics and counts);
     with train.log_episodes a seeded sample of this rank's episodes, turn by turn, for tools/viewer.py."""
-    times, rank = clock.lap("time_update"), accelerator.process_index
+    times = clock.lap("time_update")
     if cfg.train.log_episodes:  # a crashed episode with its partial return
         records = [episode_record(ep) for ep in episodes]
-        write_episodes(out_dir / "episodes" / f"iter_{iteration:06d}_rank{rank}.jsonl", sample_for_log(
-            records, cfg.train.log_episodes, derive_seed(cfg.train.seed, "log", iteration, rank)))
+        write_episodes(out_dir / "episodes" / f"iter_{seeds.iteration:06d}_rank{seeds.rank}.jsonl",
+                       sample_for_log(records, cfg.train.log_episodes, seeds.log))
     stats = [EpisodeStats.of(ep, cfg.intrinsic.coef * sum(ep.intrinsic)) for ep in episodes]
     parts = gather_objects(accelerator, (stats, update_metrics, counts))
-    return {"iteration": iteration, "mode": mode, **merge_rank_metrics(parts, memory), **times}
+    return {"iteration": seeds.iteration, "mode": mode, **merge_rank_metrics(parts, memory), **times}
 
 
-def validate(model, chat, envs, test_tasks, cfg: Config, accelerator, pool, out_dir: Path, iteration: int) -> dict:
+def validate(model, chat, envs, test_tasks, cfg: Config, accelerator, pool, out_dir: Path, seeds: Seeds) -> dict:
     """The record's validation fields: eval.evaluate without memory, the same cases every time, on its own random
     stream (it neither consumes the training stream nor depends on it)."""
     start = time.perf_counter()
     with full_weights(model), torch.random.fork_rng(devices=rng_devices(accelerator)):
-        torch.manual_seed(derive_seed(cfg.train.seed, "validation", iteration, accelerator.process_index))
+        torch.manual_seed(seeds.validation)
         val = evaluate(model, chat, envs, test_tasks, cfg, accelerator=accelerator, pool=pool, seed=derive_seed(
             cfg.train.seed, "validation"), episodes_per_task=cfg.train.eval_episodes_per_task)
     fields = dict(val_return_mean=val["return_mean"], val_success_rate=val["success_rate"],
                   time_eval=time.perf_counter() - start)
     if cfg.train.log_episodes and accelerator.is_main_process:
-        write_episodes(out_dir / "episodes" / f"val_{iteration:06d}.jsonl", val["logged_episodes"])
+        write_episodes(out_dir / "episodes" / f"val_{seeds.iteration:06d}.jsonl", val["logged_episodes"])
     return fields
 
 
@@ -360,24 +309,26 @@ def train(cfg: Config) -> dict:
     try:
         for iteration in bar:
             # ---- the iteration (Algorithm 1)
+            seeds = Seeds(cfg.train.seed, iteration, rank)  # every seed this iteration draws on this rank
             mode = draw_mode(cfg.memory, cfg.train.seed, iteration)  # 1. the mode, identical on all ranks
-            tasks, groups = iteration_rows(train_tasks, cfg, iteration, rank, world)  # 2. task rows, this rank's groups
-            episodes, played = play(model, chat, envs, memory, cfg, tasks, groups, mode, iteration, accelerator,
-                                    threads, bar, clock)  # 3. rollout; `played` leaves out episodes a crash cut
-            tip_stats = reflect(model, chat, played, memory, cfg, envs[0])  # 4. tips
+            tasks, groups = iteration_rows(train_tasks, cfg, seeds, world)  # 2. task rows, this rank's groups
+            with full_weights(model):  # FSDP: whole layers while generating (ranks' lengths differ)
+                episodes, played = play(model, chat, envs, memory, cfg, tasks, groups, mode, seeds, accelerator,
+                                        threads, bar, clock)  # 3. rollout; `played` leaves out episodes a crash cut
+                tip_stats = reflect(model, chat, played, memory, cfg, envs[0])  # 4. tips
             sync_memory(memory, accelerator, clock)  # 5. memory sync
             advantages, credit = episode_advantages(played, cfg.loss, cfg.intrinsic.coef)  # 6. GRPO/GiGPO + novelty
             samples = make_samples(played, advantages, cfg, model)  # 7. samples
             old_stats = old_logprobs(model, reference, samples, chat.pad_id, cfg, accelerator)  # 8. (+ pi_ref's)
-            update_metrics = update(model, optimizer, samples, cfg, accelerator, mode, chat.pad_id, random.Random(
-                derive_seed(cfg.train.seed, "minibatches", iteration, rank)), sharded=launch.fsdp)  # 9. the update
+            update_metrics = update(model, optimizer, samples, cfg, accelerator, mode, chat.pad_id,
+                                    random.Random(seeds.update), sharded=launch.fsdp)  # 9. the update
 
             # ---- log, validate, checkpoint
             counts = {**tip_stats, "episodes_excluded": float(len(episodes) - len(played)), **credit}
-            record = log_record(cfg, accelerator, memory, out_dir, iteration, mode, episodes, counts,
+            record = log_record(cfg, accelerator, memory, out_dir, seeds, mode, episodes, counts,
                                 {**update_metrics, **old_stats}, clock)
             if cfg.train.eval_every and (iteration % cfg.train.eval_every == 0 or iteration == cfg.train.iterations):
-                record.update(validate(model, chat, envs, test_tasks, cfg, accelerator, threads, out_dir, iteration))
+                record.update(validate(model, chat, envs, test_tasks, cfg, accelerator, threads, out_dir, seeds))
             logger.log(record)
             last = record
             bar.set_postfix(mode=mode, ret=f"{record['return_mean']:.1f}", mem=int(record.get("memory_size", 0)))

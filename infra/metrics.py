@@ -7,6 +7,7 @@
 * `read_wandb_step`: the last iteration a wandb run holds, as the logger recorded it (output_dir/wandb_step).
 * `episode_record` / `sample_for_log` / `write_episodes`: a capped, seeded sample of episodes, turn by turn, in
   output_dir/episodes/*.jsonl (what tools/viewer.py shows).
+* `UpdateStats`: what train.update logs (means over micro-batches, token counts, optimiser steps taken / skipped).
 * `jsonl_text` / `jsonl_files`: what reads those logs back: a run writes plain `x.jsonl`, results/ keeps episode logs
   as `x.jsonl.gz` (`gzip -9 -n`); both read the same (tools/compare.py, tools/viewer.py).
 
@@ -287,3 +288,57 @@ class Clock:
         now = time.perf_counter()
         self.laps[key], self.last = now - self.last, now
         return self.laps
+
+
+# ----------------------------------------------------------------------------- the update's row
+
+
+TOKEN_COUNTS = ("action_tokens", "pos_adv_tokens", "pos_adv_clipped", "pos_adv_masked")  # summed, not averaged
+
+
+class UpdateStats:
+    """What train.update logs for this rank: losses.samples_loss's metrics averaged over the samples of the finite
+    micro-batches (token counts summed), the shares of positive-advantage tokens clipped / masked, optimiser steps
+    taken and skipped, and `loss`: this rank's part of the mean mini-batch loss (the ranks' parts add up to it,
+    SUMMED_KEYS). `samples`: the samples this rank made (ranks add up to the iteration's)."""
+
+    def __init__(self, samples: list):
+        self.made, self.sums, self.weight, self.ratio_max = samples, {}, 0.0, 0.0
+        self.minibatch_loss, self.loss_sum, self.grad_norms = 0.0, 0.0, []
+        self.steps = self.skipped = self.padding_passes = self.pad = self.positions = 0
+
+    def padding(self, pad: int, positions: int) -> None:
+        self.pad, self.positions = self.pad + pad, self.positions + positions
+
+    def micro_batch(self, micro: list, loss, metrics: dict) -> None:
+        """One forward/backward; `micro` = [] for a zero-weight padding pass."""
+        self.padding_passes += not micro
+        if not micro or not math.isfinite(loss.item()):
+            return
+        for key, value in metrics.items():  # means weighted by samples; token counts summed
+            self.sums[key] = self.sums.get(key, 0.0) + value * (1 if key in TOKEN_COUNTS else len(micro))
+        self.minibatch_loss += loss.item()
+        self.ratio_max = max(self.ratio_max, metrics["ratio_max"])
+        self.weight += len(micro)
+
+    def optimizer_step(self, stepped: bool, grad_norm: float) -> None:
+        if stepped:
+            self.steps, self.loss_sum = self.steps + 1, self.loss_sum + self.minibatch_loss
+            self.grad_norms.append(grad_norm)
+        else:
+            self.skipped += 1
+        self.minibatch_loss = 0.0
+
+    def result(self) -> dict:
+        out = {key: value / max(self.weight, 1.0) for key, value in self.sums.items() if key not in TOKEN_COUNTS}
+        positive = self.sums.get("pos_adv_tokens", 0.0)
+        out.update(pos_adv_tokens=positive,
+                   pos_adv_clip_frac=self.sums.get("pos_adv_clipped", 0.0) / max(positive, 1.0),
+                   pos_adv_masked_frac=self.sums.get("pos_adv_masked", 0.0) / max(positive, 1.0))
+        out.update(loss=self.loss_sum / max(self.steps, 1), ratio_max=self.ratio_max, optimizer_steps=float(self.steps),
+                   skipped_updates=float(self.skipped),
+                   grad_norm=float(np.mean(self.grad_norms)) if self.grad_norms else 0.0,
+                   samples=float(len(self.made)), train_steps=float(sum(s.steps for s in self.made)),
+                   action_tokens=self.sums.get("action_tokens", 0.0), padding_frac=self.pad / max(self.positions, 1),
+                   padding_passes=float(self.padding_passes))
+        return out

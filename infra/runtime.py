@@ -20,11 +20,12 @@
   no-grad log-prob passes see whole layers (so ranks may run different numbers of forwards there).
 * `gather_objects(accelerator, obj)`: every rank's picklable `obj`, in rank order (one collective).
 * `stop_on_signals()`: SIGTERM / SIGINT let the training loop finish its iteration and checkpoint (a preempted job).
-* `minibatch_shape`, `all_ranks`, `all_reduce_gradients`: the update's collectives (train.update).
+* `all_ranks`, `all_reduce_gradients`: the update's collectives (train.update).
 * `derive_seed(*parts)`: the ONE way this project turns (seed, purpose, iteration, rank, ...) into an integer seed.
   Each random stream that must agree across ranks (the mode draw, the task rows) or be exactly reproducible on resume
   (the mini-batch shuffle) is seeded with it, named by its purpose, so streams never collide by accident of
-  arithmetic (`seed * 31 + rank` vs `seed + iteration`) and adding a stream cannot shift another one.
+  arithmetic (`seed * 31 + rank` vs `seed + iteration`) and adding a stream cannot shift another one. `Seeds`: every
+  seed of one training iteration on one rank, in one object.
 """
 from __future__ import annotations
 
@@ -239,6 +240,39 @@ def derive_seed(*parts) -> int:
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
 
 
+@dataclass(frozen=True)
+class Seeds:
+    """Every seed one iteration draws on one rank, each an unrelated stream (derive_seed), the same in every run
+    and on resume: the task rows, this rank's episodes, the update's shuffle, the episode log's sample, validation."""
+
+    seed: int  # train.seed
+    iteration: int
+    rank: int
+
+    @property
+    def tasks(self) -> int:
+        """The iteration's task rows: the same on every rank."""
+        return derive_seed(self.seed, "tasks", self.iteration)
+
+    def episodes(self, count: int) -> list[int]:
+        """One sampling stream per episode this rank plays (engine.generation.RowSampler)."""
+        return [derive_seed(self.seed, "episode", self.iteration, self.rank, j) for j in range(count)]
+
+    @property
+    def update(self) -> int:
+        """The update's shuffle of every rank's samples, the same on every rank: rank 0's stream (from when each
+        rank shuffled its own samples, so a one-process run keeps its mini-batches)."""
+        return derive_seed(self.seed, "minibatches", self.iteration, 0)
+
+    @property
+    def log(self) -> int:
+        return derive_seed(self.seed, "log", self.iteration, self.rank)
+
+    @property
+    def validation(self) -> int:
+        return derive_seed(self.seed, "validation", self.iteration, self.rank)
+
+
 # ----------------------------------------------------------------------------- signals and random streams
 
 
@@ -272,15 +306,6 @@ def rng_devices(accelerator) -> list:
 
 
 # ----------------------------------------------------------------------------- collectives of the update
-
-
-def minibatch_shape(units: float, n_micro: int, accelerator, sharded: bool) -> tuple[float, int]:
-    """(the global mini-batch's units: 0 means no rank has a weighted sample, forward/backward passes this rank
-    runs): its own micro-batches, or under FSDP the largest number any rank has. One small all-gather per mini-batch."""
-    if accelerator.num_processes == 1:
-        return units, n_micro
-    shape = accelerator.gather(torch.tensor([[units, float(n_micro)]], device=accelerator.device)).reshape(-1, 2)
-    return float(shape[:, 0].sum().item()), int(shape[:, 1].max().item()) if sharded else n_micro
 
 
 def all_ranks(flag: bool, accelerator) -> bool:

@@ -10,11 +10,13 @@ reference; run by tests/test_distributed.py, which compares them.
 
 Six packed "episodes" of very different lengths (1 to 9 actions of 1-4 tokens, advantages of both signs): in 2
 processes rank 0 holds episodes of [1, 8, 1, 1] steps and rank 1 of [1, 9]. train.minibatch_steps = 10 cuts the 21
-steps into 2 mini-batches, and the shuffle (seed 0) makes them 20 steps and 1 step: a normaliser per mini-batch
-would weigh the lone step 20x each of the others. Old log-probs are shifted token by token (`SHIFTS`) so that the
+steps into 2 mini-batches of the global list, whichever rank holds them, and the shuffle (seed 6) makes them 18
+steps and 3: a normaliser per mini-batch would weigh each of the 3 lone steps 6x each of the others. Handed out by
+tokens, rank 0 gets one long episode per mini-batch and rank 1 two short ones: FSDP pads rank 0 with a zero-weight
+micro-batch per mini-batch. Old log-probs are shifted token by token (`SHIFTS`) so that the
 ratios fall inside the clip band, below 0.8, above 1.3 and above the dual clip's 10 with a negative advantage.
 SGD makes the weight change proportional to the gradient itself (AdamW's normalised step would hide a wrong
-weighting). "reference" does not use the trainer: it forms the same mini-batches (`chunks_by_hand`), every action
+weighting). "reference" does not use the trainer: it forms the mini-batches by hand (`chunks_by_hand`), every action
 becomes its own sample (the prefix up to it, as the reference trains), the clipped and dual-clipped loss is written
 out here, each step's token mean weighs 1 / minibatch_steps, one backward and one SGD step per mini-batch; it also
 gives the update with each mini-batch divided by its own steps (the weighting before issue 40).
@@ -65,7 +67,7 @@ EPISODES = [  # (tokens before the first action, [(action tokens, tokens after i
     (2, [(1, 2), (2, 1), (3, 2), (1, 1), (2, 3), (4, 1), (1, 2), (2, 1), (3, 0)], 1.2),
 ]
 RANK_OF = [0, 0, 0, 0, 1, 1]
-MINIBATCH_STEPS, LR, SEED = 10, 0.5, 0
+MINIBATCH_STEPS, LR, SEED = 10, 0.5, 6
 # log(ratio) at the initial weights, token by token (cycled): inside [0.8, 1.3], below, above, above 10 (the dual
 # clip where the advantage is negative), above 1.3 but below 10, just below 1.
 SHIFTS = [0.1, -0.5, 0.5, 3.0, 1.0, -0.05]
@@ -98,19 +100,24 @@ def chunks_by_hand(order: list[int], steps: list[int], count: int) -> list[list[
     return chunks
 
 
-def minibatches_by_hand(world: int) -> list[list[int]]:
-    """The episodes of each mini-batch: every rank shuffles its own (random.Random(SEED)) and cuts them into
-    round(21 / 10) = 2 chunks; mini-batch k is the union of the ranks' k-th chunks."""
+def minibatches_by_hand() -> list[list[int]]:
+    """The episodes of each mini-batch, on any number of ranks: the global list (rank 0's, then rank 1's, i.e.
+    EPISODES in order) shuffled once with random.Random(SEED) and cut into round(21 / 10) = 2 chunks."""
     steps = [len(actions) for _, actions, _ in EPISODES]
-    count = max(1, round(sum(steps) / MINIBATCH_STEPS))
-    mine = [[e for e in range(len(EPISODES)) if world == 1 or RANK_OF[e] == r] for r in range(world)]
-    out = [[] for _ in range(count)]
-    for held in mine:
-        order = list(range(len(held)))
-        random.Random(SEED).shuffle(order)
-        for k, chunk in enumerate(chunks_by_hand(order, [steps[e] for e in held], count)):
-            out[k] += [held[i] for i in chunk]
-    return out
+    order = list(range(len(EPISODES)))
+    random.Random(SEED).shuffle(order)
+    return chunks_by_hand(order, steps, max(1, round(sum(steps) / MINIBATCH_STEPS)))
+
+
+def shares_by_hand(batch: list[int], world: int = 2) -> list[list[int]]:
+    """One mini-batch's episodes per rank: by tokens, longest first, each to the rank with the fewest so far."""
+    tokens = {e: before + sum(a + b for a, b in actions) for e, (before, actions, _) in enumerate(EPISODES)}
+    shares, load = [[] for _ in range(world)], [0] * world
+    for e in sorted(batch, key=lambda e: (-tokens[e], batch.index(e))):
+        r = load.index(min(load))
+        shares[r].append(e)
+        load[r] += tokens[e]
+    return [sorted(share, key=batch.index) for share in shares]
 
 
 def full_forward_logp(model, ids: list[int], mask: list[int]) -> torch.Tensor:
@@ -132,15 +139,15 @@ def step_loss(logp: torch.Tensor, old: torch.Tensor, a: float, regions: dict) ->
     return token.mean()
 
 
-def reference_update(world: int, per_minibatch: bool = False) -> dict:
-    """The reference on the mini-batches `world` ranks form, by hand: per mini-batch, the sum of its steps' losses
+def reference_update(per_minibatch: bool = False) -> dict:
+    """The reference on the mini-batches, by hand: per mini-batch, the sum of its steps' losses
     divided by MINIBATCH_STEPS (per_minibatch: by its own steps), backward, SGD. Returns the weights, the last
     mini-batch's gradient, the mean mini-batch loss, the mini-batches' steps and the ratio regions met."""
     model = tiny_model()
     data, losses, regions = samples(), [], {}
     with torch.no_grad():  # once, at the initial weights, as the trainer's old log-probs
         old = [torch.tensor(shifted(full_forward_logp(model, s.ids, s.mask).tolist(), e)) for e, s in enumerate(data)]
-    batches = minibatches_by_hand(world)
+    batches = minibatches_by_hand()
     for batch in batches:
         model.zero_grad()
         step_losses = []
@@ -169,8 +176,7 @@ def reference_update(world: int, per_minibatch: bool = False) -> dict:
 def main(mode: str, out_file: str) -> None:
     torch.set_num_threads(1)
     if mode == "reference":
-        torch.save({"two_ranks": reference_update(2), "one_process": reference_update(1),
-                    "two_ranks_per_minibatch": reference_update(2, per_minibatch=True)}, out_file)
+        torch.save({"equal": reference_update(), "per_minibatch": reference_update(per_minibatch=True)}, out_file)
         return
     model = tiny_model()
     for p in model.parameters():
@@ -193,9 +199,10 @@ def main(mode: str, out_file: str) -> None:
         compute_old_logprobs(model, mine, PAD, accelerator.device, 1)
     for e, s in zip(held, mine):
         s.old_logp = shifted(s.old_logp, e)
-    if mode == "fsdp_nan" and accelerator.process_index == 1:  # one rank's loss is NaN: every rank must skip
+    if mode == "fsdp_nan" and accelerator.process_index == 1:  # a NaN loss on the rank it is handed to: all skip
         mine[0].old_logp = [float("nan")] * len(mine[0].old_logp)
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LR)
+    handed = trace_minibatches(model, optimizer)
     metrics = update(model, optimizer, mine, cfg, accelerator, "on_policy_tips", PAD, random.Random(SEED),
                      sharded=mode.startswith("fsdp"))
     full = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p) for n, p in model.named_parameters()}
@@ -205,10 +212,30 @@ def main(mode: str, out_file: str) -> None:
     padding = gather_objects(accelerator, metrics["padding_passes"])  # zero-weight micro-batches, per rank
     skipped = gather_objects(accelerator, metrics["skipped_updates"])
     loss = sum(gather_objects(accelerator, metrics["loss"]))  # each rank holds its part of the mini-batch loss
+    shares = gather_objects(accelerator, handed)  # [rank][optimiser step] -> the episodes it forwarded
     if accelerator.is_main_process:
         torch.save({"weights": state, "grads": grads, "metrics": metrics, "padding_passes": padding,
-                    "skipped": skipped, "loss": loss}, out_file)
+                    "skipped": skipped, "loss": loss, "shares": shares}, out_file)
     leave(accelerator, out_file)
+
+
+def trace_minibatches(model, optimizer) -> list[list[int]]:
+    """What this rank trains on: per optimiser step, the episodes whose sequences went through the model's forward
+    (micro-batches of one, so a forward's input is one episode's ids; FSDP's padding passes match no episode)."""
+    index = {tuple(s.ids): e for e, s in enumerate(samples())}
+    handed, current = [], []
+
+    def forward(module, args, kwargs):
+        if module.training:
+            current.extend(index[tuple(row)] for row in kwargs["input_ids"].tolist() if tuple(row) in index)
+
+    def step(*_):
+        handed.append(sorted(current))
+        current.clear()
+
+    model.register_forward_pre_hook(forward, with_kwargs=True)
+    optimizer.register_step_post_hook(step)
+    return handed
 
 
 def leave(accelerator, out_file: str) -> None:

@@ -60,27 +60,33 @@ def change(weights: dict) -> dict:
 
 
 @pytest.mark.slow
-def test_dp_and_fsdp_take_the_same_steps(updates):
-    """Rank 0 holds 4 episodes, rank 1 holds 2, two mini-batches: data parallel and FSDP move the weights alike,
-    and FSDP pads each mini-batch of the rank with fewer micro-batches with zero-weight ones."""
-    dp, fsdp = updates["dp"]["weights"], updates["fsdp"]["weights"]
-    assert max((dp[k] - fsdp[k]).abs().max().item() for k in dp) < 1e-6
-    assert max(v.abs().max().item() for v in change(dp).values()) > 1e-2  # not two untouched models
-    from distributed_update import RANK_OF
+@pytest.mark.parametrize("mode", ["dp", "fsdp"])
+def test_two_ranks_train_on_the_minibatches_of_one_process(updates, mode):
+    """Rank 0 holds 4 episodes, rank 1 holds 2: the update cuts the global list into the same mini-batches as one
+    process (18 and 3 steps, by hand), hands each to the ranks balanced by tokens (by hand: 1 long episode to rank
+    0, 2 short ones to rank 1), and moves the weights as one process does; FSDP pads rank 0 with a zero-weight
+    micro-batch per mini-batch."""
+    from distributed_update import EPISODES, minibatches_by_hand, shares_by_hand
 
-    per_rank = [[sum(RANK_OF[e] == r for e in batch) for r in (0, 1)]
-                for batch in updates["reference"]["two_ranks"]["minibatches"]]  # micro-batches of 1 sample
-    assert updates["fsdp"]["padding_passes"] == [float(sum(max(n) - n[r] for n in per_rank)) for r in (0, 1)]
+    batches = minibatches_by_hand()
+    assert [sum(len(EPISODES[e][1]) for e in b) for b in batches] == [18, 3]
+    assert updates["single"]["shares"] == [[sorted(b) for b in batches]]  # one process: every episode, 2 steps
+    assert updates[mode]["shares"] == [[sorted(shares_by_hand(b)[r]) for b in batches] for r in (0, 1)]
+    assert relative(change(updates[mode]["weights"]), change(updates["single"]["weights"])) < 1e-5
+    assert max(v.abs().max().item() for v in change(updates[mode]["weights"]).values()) > 1e-2  # not untouched
+    per_rank = [[len(s) for s in shares_by_hand(b)] for b in batches]  # micro-batches of 1 sample
+    assert updates[mode]["padding_passes"] == [float(sum(max(n) - n[r] for n in per_rank) if mode == "fsdp" else 0)
+                                               for r in (0, 1)]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["single", "dp", "fsdp"])
 def test_every_step_weighs_the_same_in_every_minibatch(updates, mode):
-    """Six packed episodes of 1-9 steps, minibatch_steps 10, on one process or split 4/2 over two ranks (whose
-    mini-batches hold 20 steps and 1): after the 2 SGD steps, the weights, the last gradient and the mean loss equal
+    """Six packed episodes of 1-9 steps, minibatch_steps 10, on one process or split 4/2 over two ranks (the
+    mini-batches hold 18 steps and 3): after the 2 SGD steps, the weights, the last gradient and the mean loss equal
     the hand-written reference's (tests/distributed_update.py reference_update): one sample per step, verl's
     dual-clip loss with ratios in every region, each step's token mean weighing 1 / minibatch_steps."""
-    reference = updates["reference"]["one_process" if mode == "single" else "two_ranks"]
+    reference = updates["reference"]["equal"]
     assert set(reference["regions"]) == {"inside", "below", "above", "dual"}  # every clip branch is taken
     trained = updates[mode]
     assert trained["metrics"]["optimizer_steps"] == 2 and trained["skipped"][0] == 0
@@ -90,12 +96,12 @@ def test_every_step_weighs_the_same_in_every_minibatch(updates, mode):
 
 
 @pytest.mark.slow
-def test_a_normaliser_per_minibatch_would_weigh_the_lone_step_20_times(updates):
-    """Two ranks holding [1, 8, 1, 1] and [1, 9] steps: the shuffle gives mini-batches of 20 steps and 1 step.
-    Dividing each by its own steps (the weighting before issue 40) weighs the lone step 20x each of the others;
-    the update it gives differs from the equal-weight reference, and the trainer's from it, far beyond 1e-5."""
-    reference, per_minibatch = updates["reference"]["two_ranks"], updates["reference"]["two_ranks_per_minibatch"]
-    assert reference["minibatch_steps"] == [20, 1]
+def test_a_normaliser_per_minibatch_would_weigh_the_lone_steps_6_times(updates):
+    """Mini-batches of 18 steps and 3: dividing each by its own steps (the weighting before issue 40) weighs each
+    of the 3 lone steps 6x each of the others; the update it gives differs from the equal-weight reference, and
+    the trainer's from it, far beyond 1e-5."""
+    reference, per_minibatch = updates["reference"]["equal"], updates["reference"]["per_minibatch"]
+    assert reference["minibatch_steps"] == [18, 3]
     assert relative(change(per_minibatch["weights"]), change(reference["weights"])) > 0.3
     assert relative(change(updates["dp"]["weights"]), change(per_minibatch["weights"])) > 0.3
 
@@ -104,7 +110,7 @@ def test_a_normaliser_per_minibatch_would_weigh_the_lone_step_20_times(updates):
 def test_episode_weights_differ_from_the_reference(updates):
     """The earlier weighting (each packed episode one sample, its tokens averaged) on the same episodes is what
     the tests above reject: the update differs from the per-step reference by far more than their tolerance."""
-    reference, episode = updates["reference"]["two_ranks"], updates["dp_episode"]
+    reference, episode = updates["reference"]["equal"], updates["dp_episode"]
     assert relative(change(episode["weights"]), change(reference["weights"])) > 1e-2
     assert relative(episode["grads"], reference["grads"]) > 1e-2
 

@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from envs.webshop.config import WebShopConfig  # noqa: E402
 from envs.webshop.env import WebShopEnv  # noqa: E402
 from memory import TipEntry, TipMemory  # noqa: E402
+from infra.runtime import Seeds  # noqa: E402
 from train import iteration_tasks  # noqa: E402
 
 
@@ -41,7 +42,7 @@ def relevance(env, train_tasks, args, steps: int, goal_of) -> dict:
     query_of = {}  # stored goal text -> its product type
     out = {"before": [], "after": [], "hit_before": [], "hit_after": []}
     for iteration in range(1, args.iterations + 1):
-        rows = iteration_tasks(train_tasks, args.rows, 0, iteration)
+        rows = iteration_tasks(train_tasks, args.rows, Seeds(0, iteration, 0).tasks)
         for form, goal_arg in (("before", lambda g: ""), ("after", lambda g: g)):
             same, shown, hits = 0, 0, []
             for t in rows:
@@ -122,7 +123,7 @@ def main() -> None:
     played_prompts: set[frozenset] = set()
     played_goals: set[int] = set()
     for iteration in range(1, args.iterations + 1):
-        rows = iteration_tasks(train_tasks, args.rows, 0, iteration)
+        rows = iteration_tasks(train_tasks, args.rows, Seeds(0, iteration, 0).tasks)
         hits["task"].append(np.mean([t.variation in played_goals for t in rows]))
         hits["family, none"].append(float(bool(played)))
         unique = list(set(played))
