@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
@@ -44,7 +45,8 @@ from infra.models import load_policy, load_trainable
 from memory import TipEntry, TipMemory, tip_entries
 from infra.metrics import episode_record, sample_for_log, write_episodes
 from rollout import ChatStream, run_episodes, write_tips
-from infra.runtime import LaunchError, check_launch, derive_seed, gather_objects, make_accelerator
+from infra.runtime import (LaunchError, Seeds, check_launch, derive_seed, full_weights, gather_objects,
+                           make_accelerator, rng_devices)
 
 
 # Repeats per test item: the ScienceWorld reference repeats every test row 4 times; WebShop's Table 2 is one episode
@@ -154,6 +156,22 @@ def evaluate(model, chat: ChatStream, envs: list, tasks: list, cfg: Config, *, a
     rows, records = play_cases(model, chat, envs, cases, cfg, accelerator=accelerator, pool=pool, progress=progress,
                                logged=logged)
     return {**statistics(rows), "episode_results": rows, "logged_episodes": records}
+
+
+def validate(model, chat, envs, test_tasks, cfg: Config, accelerator, pool, out_dir: Path, seeds: Seeds) -> dict:
+    """A training record's validation fields (train.py, every `train.eval_every` iterations): `evaluate` without
+    memory, the same cases every time, on its own random stream (it neither consumes the training stream nor depends
+    on it)."""
+    start = time.perf_counter()
+    with full_weights(model), torch.random.fork_rng(devices=rng_devices(accelerator)):
+        torch.manual_seed(seeds.validation)
+        val = evaluate(model, chat, envs, test_tasks, cfg, accelerator=accelerator, pool=pool, seed=derive_seed(
+            cfg.train.seed, "validation"), episodes_per_task=cfg.train.eval_episodes_per_task)
+    fields = dict(val_return_mean=val["return_mean"], val_success_rate=val["success_rate"],
+                  time_eval=time.perf_counter() - start)
+    if cfg.train.log_episodes and accelerator.is_main_process:
+        write_episodes(out_dir / "episodes" / f"val_{seeds.iteration:06d}.jsonl", val["logged_episodes"])
+    return fields
 
 
 def standard_error(values: list[float], clusters: list | None = None) -> float:

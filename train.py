@@ -50,14 +50,13 @@ from advantages import counts_novelty, episode_advantages, pay_novelty
 from config import Config, ConfigError, config_help, load_config, split_cli, to_dict
 from engine.branches import supported as branches_supported
 from envs import make_env_pool
-from eval import evaluate
+from eval import validate
 from infra.checkpoint import (CheckpointError, check_resume, find_checkpoint, load_checkpoint, save_checkpoint,
                               write_rank_fingerprints)
-from infra.metrics import (Clock, EpisodeStats, MetricsLogger, UpdateStats, episode_record, merge_rank_metrics,
-                           plot_metrics, sample_for_log, write_episodes)
-from infra.models import ModelLoadError, load_policy, load_reference
+from infra.metrics import Clock, MetricsLogger, UpdateStats, log_record, plot_metrics
+from infra.models import ModelLoadError
 from infra.runtime import (Seeds, all_ranks, all_reduce_gradients, check_launch, derive_seed, full_weights,
-                           gather_objects, make_accelerator, rng_devices, shard_model, stop_on_signals)
+                           gather_objects, load_models, make_accelerator, stop_on_signals)
 from losses import compute_old_logprobs, compute_reference_logprobs, length_buckets, padded_tokens, samples_loss
 from memory import TipMemory
 from rollout import ChatStream, check_prompt_budget, draw_mode, run_episodes, write_tips
@@ -195,54 +194,7 @@ def old_logprobs(model, reference, samples, pad_id: int, cfg: Config, accelerato
     return {"old_logp_padding_frac": pad / max(positions, 1), "old_logp_tokens": float(positions)}
 
 
-def log_record(cfg: Config, accelerator, memory, out_dir: Path, seeds: Seeds, mode: str, episodes, counts: dict,
-               update_metrics: dict, clock) -> dict:
-    """One metrics row from one exchange per iteration (every rank's episodes, update statistics and counts);
-    with train.log_episodes a seeded sample of this rank's episodes, turn by turn, for tools/viewer.py."""
-    times = clock.lap("time_update")
-    if cfg.train.log_episodes:  # a crashed episode with its partial return
-        records = [episode_record(ep) for ep in episodes]
-        write_episodes(out_dir / "episodes" / f"iter_{seeds.iteration:06d}_rank{seeds.rank}.jsonl",
-                       sample_for_log(records, cfg.train.log_episodes, seeds.log))
-    stats = [EpisodeStats.of(ep, cfg.intrinsic.coef * sum(ep.intrinsic)) for ep in episodes]
-    parts = gather_objects(accelerator, (stats, update_metrics, counts))
-    return {"iteration": seeds.iteration, "mode": mode, **merge_rank_metrics(parts, memory), **times}
-
-
-def validate(model, chat, envs, test_tasks, cfg: Config, accelerator, pool, out_dir: Path, seeds: Seeds) -> dict:
-    """The record's validation fields: eval.evaluate without memory, the same cases every time, on its own random
-    stream (it neither consumes the training stream nor depends on it)."""
-    start = time.perf_counter()
-    with full_weights(model), torch.random.fork_rng(devices=rng_devices(accelerator)):
-        torch.manual_seed(seeds.validation)
-        val = evaluate(model, chat, envs, test_tasks, cfg, accelerator=accelerator, pool=pool, seed=derive_seed(
-            cfg.train.seed, "validation"), episodes_per_task=cfg.train.eval_episodes_per_task)
-    fields = dict(val_return_mean=val["return_mean"], val_success_rate=val["success_rate"],
-                  time_eval=time.perf_counter() - start)
-    if cfg.train.log_episodes and accelerator.is_main_process:
-        write_episodes(out_dir / "episodes" / f"val_{seeds.iteration:06d}.jsonl", val["logged_episodes"])
-    return fields
-
-
 # ----------------------------------------------------------------------------- the loop
-
-
-def load_models(cfg: Config, launch, accelerator, resuming: bool) -> tuple:
-    """(policy, tokenizer, reference or None), each on this rank's device and sharded under FSDP."""
-    with accelerator.main_process_first():  # rank 0 converts/downloads the model once
-        # A resume's checkpoint holds the whole adapter: the one the run started from (init_adapter) is not needed
-        model_cfg = replace(cfg.model, init_adapter="") if resuming else cfg.model
-        model, tokenizer = load_policy(model_cfg, device=accelerator.device, autocast_forward=not launch.fsdp)
-    if launch.fsdp:  # after loading (every rank holds the same fp32 weights), before the optimizer sees them
-        shard_model(model, getattr(torch, cfg.model.dtype), launch)
-    # pi_ref of the KL term. LoRA: the policy with its adapters disabled (no copy). Full fine-tune: a frozen copy of
-    # the initial policy from name_or_path (on resume too), sharded like the policy; the optimizer never sees it.
-    reference = None
-    if cfg.loss.kl_coef and not cfg.model.lora:
-        reference = load_reference(cfg.model, device=accelerator.device, autocast_forward=not launch.fsdp)
-        if launch.fsdp:
-            shard_model(reference, getattr(torch, cfg.model.dtype), launch)
-    return model, tokenizer, reference
 
 
 def make_envs(cfg: Config, chat: ChatStream, world: int) -> tuple:

@@ -2,7 +2,8 @@
 
 * `EpisodeStats` / `episode_metrics`: return, success, length, truncation reasons, tips, novelty of a set of
   episodes (the extrinsic return: what the environment paid, without the novelty bonus).
-* `merge_rank_metrics`: one iteration's record from every rank's episodes, update statistics and counts.
+* `merge_rank_metrics`: one iteration's record from every rank's episodes, update statistics and counts
+  (`log_record`: the exchange and the episode log of a training iteration).
 * `MetricsLogger`: appends records on the main process; `plot_metrics` draws the PNG from metrics.jsonl.
 * `read_wandb_step`: the last iteration a wandb run holds, as the logger recorded it (output_dir/wandb_step).
 * `episode_record` / `sample_for_log` / `write_episodes`: a capped, seeded sample of episodes, turn by turn, in
@@ -53,7 +54,7 @@ class EpisodeStats:
 
     @classmethod
     def of(cls, ep, intrinsic_return: float = 0.0) -> "EpisodeStats":
-        """ep: a rollout.Episode; intrinsic_return: coef x B_i (train.log_record)."""
+        """ep: a rollout.Episode; intrinsic_return: coef x B_i (log_record)."""
         return cls(ep.extrinsic_return, ep.success, ep.num_actions, ep.truncated, list(ep.tips_retrieved),
                    list(ep.intrinsic), intrinsic_return, sum(ep.corrected))
 
@@ -105,6 +106,23 @@ def merge_rank_metrics(parts: list[tuple[list[EpisodeStats], dict, dict]], memor
     for key in parts[0][2]:
         record[key] = float(sum(counts[key] for _, _, counts in parts))
     return record
+
+
+def log_record(cfg: Config, accelerator, memory, out_dir: Path, seeds, mode: str, episodes, counts: dict,
+               update_metrics: dict, clock) -> dict:
+    """One training iteration's metrics row (train.py) from one exchange (every rank's episodes, update statistics
+    and counts); with train.log_episodes a seeded sample (`seeds.log`, infra.runtime.Seeds) of this rank's episodes,
+    turn by turn, for tools/viewer.py."""
+    from infra.runtime import gather_objects  # here: the log readers (tools/compare, viewer) need no torch
+
+    times = clock.lap("time_update")
+    if cfg.train.log_episodes:  # a crashed episode with its partial return
+        records = [episode_record(ep) for ep in episodes]
+        write_episodes(out_dir / "episodes" / f"iter_{seeds.iteration:06d}_rank{seeds.rank}.jsonl",
+                       sample_for_log(records, cfg.train.log_episodes, seeds.log))
+    stats = [EpisodeStats.of(ep, cfg.intrinsic.coef * sum(ep.intrinsic)) for ep in episodes]
+    parts = gather_objects(accelerator, (stats, update_metrics, counts))
+    return {"iteration": seeds.iteration, "mode": mode, **merge_rank_metrics(parts, memory), **times}
 
 
 def _iteration(line: str) -> float:
@@ -279,7 +297,7 @@ def plot_metrics(metrics_path: Path, png_path: Path) -> None:
 
 
 class Clock:
-    """Timings: `lap(key)` = seconds since `start` or the last lap (laps in play, sync_memory, log_record)."""
+    """Timings: `lap(key)` = seconds since `start` or the last lap (laps in train.play, train.sync_memory, log_record)."""
 
     def start(self) -> None:
         self.last, self.laps = time.perf_counter(), {}

@@ -16,6 +16,8 @@
   train.minibatch_steps), FSDP version 1, CPU offload, hybrid/no sharding, size-based wrapping, sharded state dicts,
   rank-0-only loading, FSDP with LoRA (LoRA is a few MB: data parallel is the right tool).
 * `make_accelerator()`: accelerate's `Accelerator`, on CPU a real gloo process group under torchrun.
+* `load_models(cfg, launch, ...)`: the policy, its tokenizer and the KL reference of a full fine-tune, on this
+  rank's device, sharded under FSDP.
 * `shard_model(model, ...)` and `full_weights(model)`: FSDP2 sharding, and the context in which generation and the
   no-grad log-prob passes see whole layers (so ranks may run different numbers of forwards there).
 * `gather_objects(accelerator, obj)`: every rank's picklable `obj`, in rank order (one collective).
@@ -34,11 +36,12 @@ import contextlib
 import hashlib
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from config import ConfigError
+from infra.models import load_policy, load_reference
 
 
 class LaunchError(ConfigError):
@@ -186,6 +189,24 @@ def shard_model(model, compute_dtype: torch.dtype, launch: Launch):
     fully_shard(model, mp_policy=root_policy, reshard_after_forward=launch.reshard_after_forward)
     model.empo2_reshard_after_forward = launch.reshard_after_forward  # restored by full_weights
     return model
+
+
+def load_models(cfg, launch, accelerator, resuming: bool) -> tuple:
+    """(policy, tokenizer, reference or None), each on this rank's device and sharded under FSDP."""
+    with accelerator.main_process_first():  # rank 0 converts/downloads the model once
+        # A resume's checkpoint holds the whole adapter: the one the run started from (init_adapter) is not needed
+        model_cfg = replace(cfg.model, init_adapter="") if resuming else cfg.model
+        model, tokenizer = load_policy(model_cfg, device=accelerator.device, autocast_forward=not launch.fsdp)
+    if launch.fsdp:  # after loading (every rank holds the same fp32 weights), before the optimizer sees them
+        shard_model(model, getattr(torch, cfg.model.dtype), launch)
+    # pi_ref of the KL term. LoRA: the policy with its adapters disabled (no copy). Full fine-tune: a frozen copy of
+    # the initial policy from name_or_path (on resume too), sharded like the policy; the optimizer never sees it.
+    reference = None
+    if cfg.loss.kl_coef and not cfg.model.lora:
+        reference = load_reference(cfg.model, device=accelerator.device, autocast_forward=not launch.fsdp)
+        if launch.fsdp:
+            shard_model(reference, getattr(torch, cfg.model.dtype), launch)
+    return model, tokenizer, reference
 
 
 def is_sharded(model) -> bool:
