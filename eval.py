@@ -30,7 +30,6 @@ import json
 import sys
 import time
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -44,7 +43,7 @@ from envs.base import Task
 from infra.models import load_policy, load_trainable
 from memory import TipEntry, TipMemory, tip_entries
 from infra.metrics import episode_record, sample_for_log, write_episodes
-from rollout import ChatStream, run_episodes, write_tips
+from rollout import ChatStream, pair_up, run_episodes, write_tips
 from infra.runtime import (LaunchError, Seeds, check_launch, derive_seed, full_weights, gather_objects,
                            make_accelerator, rng_devices)
 
@@ -98,8 +97,8 @@ def case_order(row: dict) -> tuple:
 
 
 def play_cases(model, chat: ChatStream, envs: list, cases: list[Case], cfg: Config, *, accelerator=None,
-               pool: ThreadPoolExecutor | None = None, progress=None, memory: TipMemory | None = None,
-               tips: bool = False, logged: set | None = None) -> tuple[list[dict], list[dict]]:
+               progress=None, memory: TipMemory | None = None, tips: bool = False, logged: set | None = None
+               ) -> tuple[list[dict], list[dict]]:
     """Play this rank's share of `cases` (in chunks of len(envs)) and gather every rank's (result rows, episode
     records of the cases in `logged`), sorted by case. memory: retrieve its tips (on-policy with tips); tips: also
     write one tip per episode (rollout.write_tips, seeded by the case), as memory entries in `row["tip_entries"]`."""
@@ -109,9 +108,9 @@ def play_cases(model, chat: ChatStream, envs: list, cases: list[Case], cfg: Conf
     for start in range(0, len(mine), len(envs)):
         chunk = mine[start : start + len(envs)]
         seeds = None if any(c.seed is None for c in chunk) else [c.seed for c in chunk]
-        episodes = run_episodes(model, chat, envs, [c.task for c in chunk], list(range(len(chunk))),
-                                mode="on_policy_tips" if memory is not None else "no_memory", memory=memory,
-                                cfg=cfg.rollout, temperature=cfg.train.eval_temperature, pool=pool, seeds=seeds,
+        plays = pair_up(envs, [c.task for c in chunk], list(range(len(chunk))), seeds)
+        episodes = run_episodes(model, chat, plays, mode="on_policy_tips" if memory is not None else "no_memory",
+                                memory=memory, cfg=replace(cfg.rollout, temperature=cfg.train.eval_temperature),
                                 keep_caches=tips)
         if tips:
             write_tips(model, chat, episodes, None, cfg.rollout)
@@ -142,7 +141,7 @@ def statistics(rows: list[dict]) -> dict:
 
 
 def evaluate(model, chat: ChatStream, envs: list, tasks: list, cfg: Config, *, accelerator=None,
-             episodes_per_task: int = 1, pool: ThreadPoolExecutor | None = None, progress=None,
+             episodes_per_task: int = 1, progress=None,
              seed: int | None = None, cases: list[Case] | None = None) -> dict:
     """No-memory episodes; returns overall and per-task statistics, every episode's result and a seeded sample of
     `train.log_episodes` episode records for the viewer (the same on all ranks).
@@ -153,19 +152,19 @@ def evaluate(model, chat: ChatStream, envs: list, tasks: list, cfg: Config, *, a
     cases = cases if cases is not None else make_cases(tasks, episodes_per_task, seed)
     model.eval()
     logged = set(sample_for_log(cases, cfg.train.log_episodes, derive_seed(cfg.train.seed, "log", "evaluation")))
-    rows, records = play_cases(model, chat, envs, cases, cfg, accelerator=accelerator, pool=pool, progress=progress,
+    rows, records = play_cases(model, chat, envs, cases, cfg, accelerator=accelerator, progress=progress,
                                logged=logged)
     return {**statistics(rows), "episode_results": rows, "logged_episodes": records}
 
 
-def validate(model, chat, envs, test_tasks, cfg: Config, accelerator, pool, out_dir: Path, seeds: Seeds) -> dict:
+def validate(model, chat, envs, test_tasks, cfg: Config, accelerator, out_dir: Path, seeds: Seeds) -> dict:
     """A training record's validation fields (train.py, every `train.eval_every` iterations): `evaluate` without
     memory, the same cases every time, on its own random stream (it neither consumes the training stream nor depends
     on it)."""
     start = time.perf_counter()
     with full_weights(model), torch.random.fork_rng(devices=rng_devices(accelerator)):
         torch.manual_seed(seeds.validation)
-        val = evaluate(model, chat, envs, test_tasks, cfg, accelerator=accelerator, pool=pool, seed=derive_seed(
+        val = evaluate(model, chat, envs, test_tasks, cfg, accelerator=accelerator, seed=derive_seed(
             cfg.train.seed, "validation"), episodes_per_task=cfg.train.eval_episodes_per_task)
     fields = dict(val_return_mean=val["return_mean"], val_success_rate=val["success_rate"],
                   time_eval=time.perf_counter() - start)
@@ -210,8 +209,7 @@ def summary(rows: list[dict]) -> dict:
 
 
 def adapt_with_memory(model, chat: ChatStream, envs: list, cases: list[Case], cfg: Config, steps: int, *,
-                      accelerator=None, pool: ThreadPoolExecutor | None = None, progress=None,
-                      log=None) -> tuple[dict, TipMemory]:
+                      accelerator=None, progress=None, log=None) -> tuple[dict, TipMemory]:
     """The paper's OOD adaptation (§6.1, Fig. 8): a frozen model, no parameter updates. Step 0 plays `cases` without
     memory (the same episodes as `evaluate` on them); after every step the model writes one tip per episode, and
     step s >= 1 replays the cases with the tips of all earlier steps retrieved (memory keyed by task variation, as
@@ -228,7 +226,7 @@ def adapt_with_memory(model, chat: ChatStream, envs: list, cases: list[Case], cf
         step_cases = [c if step == 0 or c.seed is None else replace(c, seed=derive_seed(c.seed, "ood", step))
                       for c in cases]
         logged = set(sample_for_log(step_cases, cfg.train.log_episodes, derive_seed(cfg.train.seed, "log", step)))
-        rows, records = play_cases(model, chat, envs, step_cases, cfg, accelerator=accelerator, pool=pool,
+        rows, records = play_cases(model, chat, envs, step_cases, cfg, accelerator=accelerator,
                                    progress=progress, memory=memory if step else None, tips=True, logged=logged)
         for row in rows:  # after the step: its tips become visible to the next one
             for entry in row.pop("tip_entries"):
@@ -413,22 +411,19 @@ def main(argv: list[str] | None = None) -> dict:
             write_episodes(out / "episodes" / f"{name}.jsonl", records)
 
     label = f"{cfg.model.name_or_path} {extra['checkpoint']}".strip()
-    with ThreadPoolExecutor(max_workers=len(envs)) as pool:
-        bar = tqdm(total=-(-len(cases) // accelerator.num_processes) * (1 + ood_steps), desc="eval",
-                   disable=not main_process)
-        if ood_steps:  # step 0 of the adaptation is the evaluation itself (same cases, same seeds)
-            ood, memory = adapt_with_memory(model, chat, envs, cases, cfg, ood_steps, accelerator=accelerator,
-                                            pool=pool, progress=bar,
-                                            log=lambda step, records: log(f"ood_step_{step:02d}", records))
-            result = {**ood["steps"][0], "ood": ood}
-            if main_process:
-                out.mkdir(parents=True, exist_ok=True)
-                memory.save(str(out / "memory.json"))
-        else:
-            result = evaluate(model, chat, envs, tasks, cfg, accelerator=accelerator, pool=pool, progress=bar,
-                              cases=cases)
-            log("evaluation", result.pop("logged_episodes"))
-        bar.close()
+    bar = tqdm(total=-(-len(cases) // accelerator.num_processes) * (1 + ood_steps), desc="eval",
+               disable=not main_process)
+    if ood_steps:  # step 0 of the adaptation is the evaluation itself (same cases, same seeds)
+        ood, memory = adapt_with_memory(model, chat, envs, cases, cfg, ood_steps, accelerator=accelerator,
+                                        progress=bar, log=lambda step, records: log(f"ood_step_{step:02d}", records))
+        result = {**ood["steps"][0], "ood": ood}
+        if main_process:
+            out.mkdir(parents=True, exist_ok=True)
+            memory.save(str(out / "memory.json"))
+    else:
+        result = evaluate(model, chat, envs, tasks, cfg, accelerator=accelerator, progress=bar, cases=cases)
+        log("evaluation", result.pop("logged_episodes"))
+    bar.close()
     for env in envs:
         env.close()
     result.update(model=cfg.model.name_or_path, checkpoint=extra["checkpoint"], temperature=cfg.train.eval_temperature)

@@ -5,8 +5,8 @@ One iteration's rollout (docs/algorithm.md):
 * B task rows x N episodes run in lockstep: all live episodes go into ONE batched `generate` call per step (capped at
   `rollout.generation_batch_size`), then all environments step in threads; with `rollout.kv_reuse` each episode
   keeps its KV cache between turns and a step feeds only its new tokens (engine.generation.EpisodeCaches owns the
-  caches); with `seeds` every episode samples from its own streams (`Episode.seed`), so its actions do not depend
-  on the rest of the batch;
+  caches); an episode is a `Play` (environment, task, group, seed): with a seed it samples from its own streams
+  (`Episode.seed`), so its actions do not depend on the rest of the batch;
 * in memory modes the tips retrieved for the current observation are appended to that step's user message as a
   `<tip>` block of the current turn only, the paper's pi(a | s_t, u, tips_t) (`Episode`'s "current_turn" layout;
   samples.py says which context each mode learns in);
@@ -34,6 +34,7 @@ real novelty count (memory.py).
 """
 from __future__ import annotations
 
+import itertools
 import random
 import re
 import warnings
@@ -82,8 +83,8 @@ class StepPrompt:
 class Episode:
     """One played episode, token-in/token-out, in one of three layouts (samples.py turns each into training samples):
 
-    * "packed": one append-only stream `ids` (no tips: no-memory mode; or tip blocks kept where retrieved,
-      run_episodes(tip_placement="history"), a test path) and its tip-free twin;
+    * "packed": one append-only stream `ids` and its tip-free twin `twin_ids` (the rollout's no-memory episodes:
+      the same stream; tests/test_learning.py builds one with a tip in `ids` by hand);
     * "current_turn": tips only in the current turn (memory modes, the paper's pi(a | s_t, u, tips_t)): `ids` is the
       tip-free stream and every step keeps its own prompt in `steps` = that stream + the turn with its tips;
     * "window": one self-contained StepPrompt per step (rollout.history_window >= 0, WebShop); `ids` stays empty.
@@ -93,8 +94,8 @@ class Episode:
     group: int  # episodes with the same group id form one GRPO group
     mode: str
     layout: str = "packed"
-    # The full-history stream: what the model saw ("packed"), or its tip-free version ("current_turn": each step's
-    # with-tip context is in `steps`); empty in the "window" layout.
+    # The full-history stream without tips: what the model saw ("packed"), or the history each step's prompt in
+    # `steps` extends with its own tips ("current_turn"); empty in the "window" layout.
     ids: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)  # 1 on generated action tokens
     twin_ids: list[int] = field(default_factory=list)  # the same stream without tip blocks
@@ -271,82 +272,90 @@ def kv_reuse_enabled(model, cfg: RolloutConfig) -> bool:
     return cfg.kv_reuse
 
 
-def run_episodes(model, chat: ChatStream, envs: list[Env], tasks: list[Task], groups: list[int], *, mode: str,
-                 memory: TipMemory | None, cfg: RolloutConfig,
-                 temperature: float | None = None, pool: ThreadPoolExecutor | None = None,
-                 progress=None, keep_caches: bool = False, seeds: list[int] | None = None,
-                 tip_placement: str = "current_turn") -> list[Episode]:
-    """Play len(tasks) episodes in lockstep, one env each (envs[i] plays tasks[i]).
+@dataclass(frozen=True)
+class Play:
+    """One episode to play: `env` plays `task` in GRPO group `group`, sampling from its own streams `seed`
+    (engine.generation.RowSampler; None: torch's global stream)."""
 
-    groups[i]: the GRPO group of episode i; memory: tips to retrieve in memory modes; every episode records the
-    states it visited (`Episode.states`) for the novelty bonus, which the caller pays (`advantages.pay_novelty`);
-    temperature: defaults to cfg.temperature (evaluation passes its own); keep_caches: leave each episode's KV
-    cache on `Episode.kv_cache` for `write_tips` (with rollout.kv_reuse; otherwise a cache is freed when its
-    episode ends); seeds[i]: episode i samples from its own streams (engine.generation.RowSampler), independently of the
-    other episodes of the batch and of torch's global stream (None: the global stream). tip_placement="history"
-    keeps every tip block where it was retrieved (one packed stream; not the paper's, a test path)."""
-    assert len(envs) >= len(tasks), "need one environment per episode"
-    if cfg.tip_source == "environment":
-        envs[0].oracle_tip()  # refuses before anything is played when the environment writes no tips
-    if cfg.tip_source == "oracle":
-        envs[0].oracle_entries()  # the same for the oracle
+    env: Env
+    task: Task
+    group: int = 0
+    seed: int | None = None
+
+
+def pair_up(envs: list[Env], tasks: list[Task], groups: list[int] | None = None, seeds: list[int] | None = None
+            ) -> list[Play]:
+    """envs[i] plays tasks[i], in group groups[i] (default 0), from seed seeds[i] (default None)."""
+    if len(envs) < len(tasks):
+        raise ValueError(f"{len(tasks)} episodes need one environment each; got {len(envs)}")
+    return [Play(env, task, groups[i] if groups else 0, seeds[i] if seeds else None)
+            for i, (env, task) in enumerate(zip(envs, tasks))]
+
+
+def run_episodes(model, chat: ChatStream, plays: list[Play], *, mode: str, memory: TipMemory | None,
+                 cfg: RolloutConfig, keep_caches: bool = False, progress=None) -> list[Episode]:
+    """Play every `Play` in lockstep at `cfg.temperature`: per step retrieve each live episode's tips (memory modes)
+    and build its turn -> one batched generate -> step the environments (threads) -> record.
+
+    Every episode records the states it visited (`Episode.states`) for the novelty bonus, which the caller pays
+    (`advantages.pay_novelty`). keep_caches: leave each episode's KV cache on `Episode.kv_cache` for `write_tips`
+    (with rollout.kv_reuse; otherwise a cache is freed when its episode ends). progress: a tqdm bar (live steps)."""
+    if not plays:
+        return []
+    check_tip_source(plays[0].env, cfg.tip_source)
     use_tips = mode != "no_memory" and memory is not None
-    temperature = cfg.temperature if temperature is None else temperature
-    windowed = cfg.history_window >= 0
-    layout = "window" if windowed else "current_turn" if use_tips and tip_placement == "current_turn" else "packed"
-    own_pool = pool is None
-    pool = pool or ThreadPoolExecutor(max_workers=max(1, len(tasks)))
-    seeds = seeds if seeds is not None else [None] * len(tasks)
-    episodes = [Episode(task=t, group=g, mode=mode, layout=layout, seed=x) for t, g, x in zip(tasks, groups, seeds)]
-    observations = list(pool.map(lambda pair: pair[0].reset(pair[1]), zip(envs, tasks)))
-    first_observations = list(observations)
-    reached: list[list[str | None]] = [[] for _ in episodes]  # the state after each step (None: env crashed)
-    caches = EpisodeCaches(model, chat.pad_id, len(episodes), kv_reuse_enabled(model, cfg), cfg.generation_batch_size)
+    layout = "window" if cfg.history_window >= 0 else "current_turn" if use_tips else "packed"
+    episodes = [Episode(task=p.task, group=p.group, mode=mode, layout=layout, seed=p.seed) for p in plays]
+    envs = [p.env for p in plays]
+    caches = EpisodeCaches(model, chat.pad_id, len(plays), kv_reuse_enabled(model, cfg), cfg.generation_batch_size)
     prefix = chat.encode(cfg.action_prefix) if cfg.action_prefix else []  # in the context, never trained
-
-    step = 0
-    while True:
-        # ---- retrieve each live episode's tips and build its turn
-        live, contexts = [], []
-        for i, ep in enumerate(episodes):
-            context = None if ep.end else next_turn(chat, envs[i], ep, observations[i], first_observations[i],
-                                                    memory if use_tips else None, cfg, step, prefix)
-            if context is not None:
-                live.append(i)
-                contexts.append(context)
-        if not live:
-            break
-
-        # ---- one batched generate call for every live episode
-        logps: list = []  # behaviour log-probs of every sampled token: the update's old log-probs (samples.py)
-        keep = [cache_needed(episodes[i], envs[i], step, keep_caches) for i in live]
-        taken = caches.take(live, contexts)
-        actions = generate_actions(model, chat, contexts, taken, max_new_tokens=cfg.max_action_tokens,
-                                   temperature=temperature, top_p=cfg.top_p, batch_size=cfg.generation_batch_size,
-                                   seeds=row_seeds([episodes[i] for i in live], "step", step), logprobs=logps,
-                                   keep_caches=keep)
-        caches.put(live, taken)
-        logps += [None] * (len(actions) - len(logps))  # nothing recorded (e.g. a scripted generator): recompute
-        for i, action_ids, logp in zip(live, actions, logps):
-            episodes[i].add_action(action_ids, logp)
-            episodes[i].actions.append((cfg.action_prefix + chat.decode(action_ids)).strip())
-
-        # ---- step the environments and record what they said
-        texts = [episodes[i].actions[-1] for i in live]
-        results = list(pool.map(lambda pair: envs[pair[0]].step(pair[1]), zip(live, texts)))
-        for i, result in zip(live, results):
-            observations[i] = record_step(episodes[i], envs[i], result, reached[i], cfg.tip_source)
-            if episodes[i].end and not keep_caches:
-                caches.drop(i)
-        step += 1
-        if progress is not None:
-            progress.set_postfix(step=step, live=len(live))
-    if own_pool:
-        pool.shutdown()
+    with ThreadPoolExecutor(max_workers=len(plays)) as pool:  # environments wait (a JVM, a web shop): threads
+        observations = list(pool.map(lambda p: p.env.reset(p.task), plays))
+        first_observations = list(observations)
+        reached: list[list[str | None]] = [[] for _ in plays]  # the state after each step (None: env crashed)
+        for step in itertools.count():
+            # ---- retrieve each live episode's tips and build its turn
+            turns = {i: next_turn(chat, envs[i], ep, observations[i], first_observations[i],
+                                  memory if use_tips else None, cfg, step, prefix)
+                     for i, ep in enumerate(episodes) if not ep.end}
+            live = [i for i, context in turns.items() if context is not None]
+            if not live:
+                break
+            # ---- one batched generate call for every live episode
+            logps: list = []  # behaviour log-probs of every sampled token: the update's old log-probs (samples.py)
+            taken = caches.take(live, [turns[i] for i in live])
+            actions = generate_actions(model, chat, [turns[i] for i in live], taken,
+                                       max_new_tokens=cfg.max_action_tokens, temperature=cfg.temperature,
+                                       top_p=cfg.top_p, batch_size=cfg.generation_batch_size,
+                                       seeds=row_seeds([episodes[i] for i in live], "step", step), logprobs=logps,
+                                       keep_caches=[cache_needed(episodes[i], envs[i], step, keep_caches)
+                                                    for i in live])
+            caches.put(live, taken)
+            logps += [None] * (len(actions) - len(logps))  # nothing recorded (e.g. a scripted generator): recompute
+            for i, action_ids, logp in zip(live, actions, logps):
+                episodes[i].add_action(action_ids, logp)
+                episodes[i].actions.append((cfg.action_prefix + chat.decode(action_ids)).strip())
+            # ---- step the environments and record what they said
+            results = list(pool.map(lambda i: envs[i].step(episodes[i].actions[-1]), live))
+            for i, result in zip(live, results):
+                observations[i] = record_step(episodes[i], envs[i], result, reached[i], cfg.tip_source)
+                if episodes[i].end and not keep_caches:
+                    caches.drop(i)
+            if progress is not None:
+                progress.set_postfix(step=step + 1, live=len(live))
     for ep, cache, first, states in zip(episodes, caches.caches, first_observations, reached):
         ep.kv_cache = cache if keep_caches else None
         ep.states, ep.intrinsic = [first] + states, [0.0] * len(ep.rewards)
     return episodes
+
+
+def check_tip_source(env: Env, tip_source: str) -> None:
+    """Refuse before anything is played when the environment writes no tips (rollout.tip_source: environment) or
+    has no oracle (oracle)."""
+    if tip_source == "environment":
+        env.oracle_tip()
+    if tip_source == "oracle":
+        env.oracle_entries()
 
 
 def next_turn(chat: ChatStream, env: Env, ep: Episode, observation: str, first_observation: str,

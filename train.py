@@ -38,7 +38,6 @@ import os
 import random
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -59,7 +58,7 @@ from infra.runtime import (Seeds, all_ranks, all_reduce_gradients, check_launch,
                            gather_objects, load_models, make_accelerator, stop_on_signals)
 from losses import compute_old_logprobs, compute_reference_logprobs, length_buckets, padded_tokens, samples_loss
 from memory import TipMemory
-from rollout import ChatStream, check_prompt_budget, draw_mode, run_episodes, write_tips
+from rollout import ChatStream, check_prompt_budget, draw_mode, pair_up, run_episodes, write_tips
 from samples import Sample, build_samples, padding_sample, plan_update
 
 
@@ -143,15 +142,16 @@ def iteration_rows(train_tasks: list, cfg: Config, seeds: Seeds, world: int) -> 
     return [rows[r] for r in groups], groups
 
 
-def play(model, chat, envs, memory, cfg: Config, tasks, groups, mode, seeds: Seeds, accelerator, pool, bar, clock
+def play(model, chat, envs, memory, cfg: Config, tasks, groups, mode, seeds: Seeds, accelerator, bar, clock
          ) -> tuple:
     """(episodes, played): this rank's episodes (rollout.run_episodes), with their novelty bonus once every rank's
     visits are counted (advantages.pay_novelty), and those learned from. An episode cut by an environment crash has a
     partial return: it is counted in the metrics but not learned from (no tip, no advantage statistics, no sample)."""
     clock.start()
     model.eval()
-    episodes = run_episodes(model, chat, envs, tasks, groups, mode=mode, memory=memory, cfg=cfg.rollout, pool=pool,
-                            progress=bar, keep_caches=cfg.memory.enabled, seeds=seeds.episodes(len(tasks)))
+    plays = pair_up(envs, tasks, groups, seeds.episodes(len(tasks)))
+    episodes = run_episodes(model, chat, plays, mode=mode, memory=memory, cfg=cfg.rollout,
+                            keep_caches=cfg.memory.enabled, progress=bar)
     if counts_novelty(mode, memory, cfg.intrinsic):  # the same on every rank: one gather of every rank's visits
         pay_novelty(episodes, memory, lambda obj: gather_objects(accelerator, obj))
     clock.lap("time_rollout")
@@ -198,17 +198,15 @@ def old_logprobs(model, reference, samples, pad_id: int, cfg: Config, accelerato
 
 
 def make_envs(cfg: Config, chat: ChatStream, world: int) -> tuple:
-    """(one environment per episode this rank plays at once, a thread pool to step them, the training tasks, the
-    validation tasks); stops before anything is played when a task's first message leaves no room to play."""
-    pool_size = cfg.rollout.tasks_per_iteration // world * cfg.rollout.group_size
-    envs = make_env_pool(cfg.env, pool_size)
-    threads = ThreadPoolExecutor(max_workers=pool_size)
+    """(one environment per episode this rank plays at once, the training tasks, the validation tasks); stops
+    before anything is played when a task's first message leaves no room to play."""
+    envs = make_env_pool(cfg.env, cfg.rollout.tasks_per_iteration // world * cfg.rollout.group_size)
     train_tasks = envs[0].tasks("train")
     test_tasks = envs[0].tasks("test")
     if cfg.train.eval_tasks > 0:
         test_tasks = test_tasks[: cfg.train.eval_tasks]
     check_prompt_budget(chat, envs[0], train_tasks + (test_tasks if cfg.train.eval_every else []), cfg.rollout)
-    return envs, threads, train_tasks, test_tasks
+    return envs, train_tasks, test_tasks
 
 
 def train(cfg: Config) -> dict:
@@ -251,7 +249,7 @@ def train(cfg: Config) -> dict:
     if accelerator.is_main_process:  # after the resume check: a refused resume leaves the run's files as they were
         (out_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))  # as the launch set it
 
-    envs, threads, train_tasks, test_tasks = make_envs(cfg, chat, world)
+    envs, train_tasks, test_tasks = make_envs(cfg, chat, world)
     logger = MetricsLogger(out_dir, cfg, accelerator.is_main_process, start)  # drops rows a resume replays
     stop = stop_on_signals()  # SIGTERM / SIGINT: finish the iteration, checkpoint, exit 0
     clock, last = Clock(), {}
@@ -266,7 +264,7 @@ def train(cfg: Config) -> dict:
             tasks, groups = iteration_rows(train_tasks, cfg, seeds, world)  # 2. task rows, this rank's groups
             with full_weights(model):  # FSDP: whole layers while generating (ranks' lengths differ)
                 episodes, played = play(model, chat, envs, memory, cfg, tasks, groups, mode, seeds, accelerator,
-                                        threads, bar, clock)  # 3. rollout; `played` leaves out episodes a crash cut
+                                        bar, clock)  # 3. rollout; `played` leaves out episodes a crash cut
                 tip_stats = reflect(model, chat, played, memory, cfg, envs[0])  # 4. tips
             sync_memory(memory, accelerator, clock)  # 5. memory sync
             advantages, credit = episode_advantages(played, cfg.loss, cfg.intrinsic.coef)  # 6. GRPO/GiGPO + novelty
@@ -280,7 +278,7 @@ def train(cfg: Config) -> dict:
             record = log_record(cfg, accelerator, memory, out_dir, seeds, mode, episodes, counts,
                                 {**update_metrics, **old_stats}, clock)
             if cfg.train.eval_every and (iteration % cfg.train.eval_every == 0 or iteration == cfg.train.iterations):
-                record.update(validate(model, chat, envs, test_tasks, cfg, accelerator, threads, out_dir, seeds))
+                record.update(validate(model, chat, envs, test_tasks, cfg, accelerator, out_dir, seeds))
             logger.log(record)
             last = record
             bar.set_postfix(mode=mode, ret=f"{record['return_mean']:.1f}", mem=int(record.get("memory_size", 0)))
@@ -305,7 +303,6 @@ def train(cfg: Config) -> dict:
         plot_metrics(out_dir / "metrics.jsonl", out_dir / "metrics.png")
     for env in envs:
         env.close()
-    threads.shutdown()
     accelerator.wait_for_everyone()
     return last
 

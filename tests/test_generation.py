@@ -14,7 +14,7 @@ from envs.base import Env, Task
 from engine.generation import NonFiniteScoresError, RowSampler, ScoreCheck, cut_at_eos, generate, left_pad, prefill
 from engine.kvcache import PrefixCache
 from memory import TipEntry, TipMemory
-from rollout import ChatStream, run_episodes, write_tips
+from rollout import ChatStream, pair_up, run_episodes, write_tips
 
 
 def test_prefix_cache_reuse_length_and_padding_helpers():
@@ -89,8 +89,7 @@ def test_prefill_shares_a_groups_first_message(policy):
                     caches=caches) == want
 
 
-def play_both_ways(model, chat, envs, tasks, groups, cfg: RolloutConfig, mode="no_memory", memory_entries=(),
-                   placement="current_turn"):
+def play_both_ways(model, chat, envs, tasks, groups, cfg: RolloutConfig, mode="no_memory", memory_entries=()):
     """Greedy episodes + tips with kv_reuse off and on -> (streams, tips, actions) of each."""
     out = {}
     for reuse in (False, True):
@@ -100,8 +99,8 @@ def play_both_ways(model, chat, envs, tasks, groups, cfg: RolloutConfig, mode="n
             for entry in memory_entries:
                 memory.stage(task.key, entry)
         memory.sync()
-        eps = run_episodes(model, chat, envs, tasks, groups, mode=mode, memory=memory, cfg=rollout,
-                           keep_caches=True, tip_placement=placement)
+        eps = run_episodes(model, chat, pair_up(envs, tasks, groups), mode=mode, memory=memory, cfg=rollout,
+                           keep_caches=True)
         write_tips(model, chat, eps, memory, rollout, temperature=0.0)
         assert all(ep.kv_cache is None for ep in eps)  # freed after the tip
         out[reuse] = ([ep.ids for ep in eps], [[s.ids + s.action_ids for s in ep.steps] for ep in eps],
@@ -121,8 +120,7 @@ def action_runs(ep) -> list[list[int]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("placement", ["history", "current_turn"])
-def test_rollout_with_kv_reuse_matches_reencoding_on_the_sanity_env(policy, placement):
+def test_rollout_with_kv_reuse_matches_reencoding_on_the_sanity_env(policy):
     from envs.sanity import SanityConfig, SanityEnv
 
     model, tokenizer = policy
@@ -133,12 +131,11 @@ def test_rollout_with_kv_reuse_matches_reencoding_on_the_sanity_env(policy, plac
     tasks, groups = [train[0]] * 2 + [train[1]] * 2, [0, 0, 1, 1]
     tips = [TipEntry(tip="Connect the wire before pressing the button.", action="connect", ret=50.0)]
     cfg = RolloutConfig(max_action_tokens=6, max_prompt_tokens=2048, tip_max_tokens=12)
-    out = play_both_ways(model, chat, envs, tasks, groups, cfg, mode="on_policy_tips", memory_entries=tips,
-                         placement=placement)
+    out = play_both_ways(model, chat, envs, tasks, groups, cfg, mode="on_policy_tips", memory_entries=tips)
     assert out[True] == out[False]
-    # Tips in the prompt: in every turn of the packed stream, or in each step's own context (current_turn: the
-    # cache then reuses only the tip-free history, the previous turn's block is dropped).
-    prompts = out[True][0] if placement == "history" else [ids for steps in out[True][1] for ids in steps]
+    # Tips in each step's own context (the cache reuses only the tip-free history: the previous turn's block is
+    # dropped).
+    prompts = [ids for steps in out[True][1] for ids in steps]
     assert all(out[True][2]) and prompts and all("<tip>" in chat.decode(ids) for ids in prompts)
 
 
@@ -347,8 +344,9 @@ def test_static_and_dynamic_kv_caches_give_the_same_episodes(policy, temperature
         monkeypatch.setattr(generation, "feed_prefixes", lambda *a, kind_=kind, **k: feed(*a, **{**k, "kind": kind_}))
         cfg = RolloutConfig(max_action_tokens=8, max_prompt_tokens=4096, tip_max_tokens=10, kv_reuse=reuse,
                             temperature=temperature)
-        eps = run_episodes(model, chat, [QuizEnv(1), QuizEnv(3), QuizEnv(2)], [Task("quiz", 0)] * 3, [0, 1, 2],
-                           mode="no_memory", memory=None, cfg=cfg, keep_caches=True, seeds=[5, 6, 7])
+        eps = run_episodes(model, chat, pair_up([QuizEnv(1), QuizEnv(3), QuizEnv(2)], [Task("quiz", 0)] * 3,
+                                                [0, 1, 2], [5, 6, 7]), mode="no_memory", memory=None, cfg=cfg,
+                           keep_caches=True)
         write_tips(model, chat, eps, None, cfg, temperature=temperature)
         out[kind] = [(ep.ids, ep.action_logps, ep.tip) for ep in eps]
     assert out["static"] == out["dynamic"]

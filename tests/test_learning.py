@@ -23,7 +23,7 @@ from envs.base import Env, Task
 from losses import sequence_action_logprobs
 from memory import TipEntry, TipMemory, tip_block
 from infra.models import load_policy
-from rollout import ChatStream, Episode, run_episodes
+from rollout import ChatStream, Episode, pair_up, run_episodes
 from samples import build_samples
 
 pytestmark = pytest.mark.slow
@@ -97,7 +97,7 @@ def played_with_tips(model, chat: ChatStream, cfg, monkeypatch) -> list[Episode]
                         lambda model, chat, contexts, caches=None, **kwargs: [list(a) for a in scripted])
     memory = TipMemory(cfg.memory.capacity, cfg.memory.top_k)
     memory.add("colours/0", TIP[0])
-    return run_episodes(model, chat, [ColoursEnv(), ColoursEnv()], [Task("colours", 0)] * 2, [0, 0],
+    return run_episodes(model, chat, pair_up([ColoursEnv(), ColoursEnv()], [Task("colours", 0)] * 2),
                         mode="off_policy", memory=memory, cfg=cfg.rollout)
 
 
@@ -119,7 +119,7 @@ MIN_CHANGE = {"with_tips": 0.3, "without_tips": 2.0}
 
 
 # Table 3's denominator through the run's default path; Algorithm 1's on one-step episodes built by hand (the
-# packed layout of no-memory episodes and of run_episodes(tip_placement="history")).
+# packed layout, with the tip in the played stream and not in its twin).
 @pytest.mark.parametrize("old_logp, path", [("with_tips", "rollout"), ("without_tips", "by_hand")])
 def test_off_policy_update_distils_the_tip_into_the_tip_free_policy(fresh_policy, old_logp, path, monkeypatch):
     from accelerate import Accelerator

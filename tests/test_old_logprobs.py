@@ -10,21 +10,20 @@ from engine.generation import FirstLineStop, generate
 from losses import compute_old_logprobs
 from memory import TipEntry, TipMemory
 from memory import clean_tip
-from rollout import ChatStream, run_episodes
+from rollout import ChatStream, pair_up, run_episodes
 from samples import build_samples
 
 from conftest import RoomsEnv
 
 pytestmark = pytest.mark.slow  # the real CPU policy
 
-CASES = [  # (mode, tip placement, history window, kv reuse, temperature, off-policy old context): every layout
-    ("no_memory", "current_turn", -1, True, 1.0, "with_tips"),  # packed
-    ("no_memory", "current_turn", -1, False, 0.0, "with_tips"),  # packed, re-encoded, greedy
-    ("on_policy_tips", "current_turn", -1, True, 1.0, "with_tips"),  # one sample per step
-    ("off_policy", "current_turn", -1, False, 1.0, "with_tips"),  # packed tip-free, one old context per step
-    ("on_policy_tips", "history", -1, True, 1.0, "with_tips"),  # packed with tips
-    ("off_policy", "history", -1, True, 1.0, "without_tips"),  # packed twin: recomputed
-    ("off_policy", "current_turn", 1, True, 1.0, "with_tips"),  # history window
+CASES = [  # (mode, history window, kv reuse, temperature, off-policy old context): every layout
+    ("no_memory", -1, True, 1.0, "with_tips"),  # packed
+    ("no_memory", -1, False, 0.0, "with_tips"),  # packed, re-encoded, greedy
+    ("on_policy_tips", -1, True, 1.0, "with_tips"),  # current turn: one sample per step
+    ("off_policy", -1, False, 1.0, "with_tips"),  # packed tip-free, one old context per step
+    ("off_policy", -1, True, 1.0, "without_tips"),  # the tip-free stream: recomputed
+    ("off_policy", 1, True, 1.0, "with_tips"),  # history window
 ]
 
 
@@ -35,16 +34,15 @@ def memory_with_tips() -> TipMemory:
     return memory
 
 
-@pytest.mark.parametrize("mode,placement,window,reuse,temperature,old_context", CASES)
-def test_recorded_logprobs_equal_a_recomputing_forward(policy, mode, placement, window, reuse, temperature,
-                                                       old_context):
+@pytest.mark.parametrize("mode,window,reuse,temperature,old_context", CASES)
+def test_recorded_logprobs_equal_a_recomputing_forward(policy, mode, window, reuse, temperature, old_context):
     model, tokenizer = policy
     model.eval()
     chat = ChatStream(tokenizer)
     cfg = RolloutConfig(max_action_tokens=8, max_prompt_tokens=4000, temperature=temperature, history_window=window,
                         kv_reuse=reuse)
-    episodes = run_episodes(model, chat, [RoomsEnv(2) for _ in range(2)], [Task("rooms", 0)] * 2, [0, 0],
-                            mode=mode, memory=memory_with_tips(), cfg=cfg, seeds=[11, 12], tip_placement=placement)
+    episodes = run_episodes(model, chat, pair_up([RoomsEnv(2) for _ in range(2)], [Task("rooms", 0)] * 2, [0, 0],
+                                                 [11, 12]), mode=mode, memory=memory_with_tips(), cfg=cfg)
     advantages = [1.0, -0.5]
     recorded = build_samples(episodes, advantages, off_policy_old_logp=old_context)
     recomputed = build_samples(episodes, advantages, off_policy_old_logp=old_context)
@@ -61,7 +59,7 @@ def test_recorded_logprobs_equal_a_recomputing_forward(policy, mode, placement, 
     want_recorded = not (mode == "off_policy" and old_context == "without_tips")
     assert all(from_rollout) if want_recorded else not any(from_rollout)
     actions = [ids for ep in episodes for ids in ([s.action_ids for s in ep.steps] if ep.steps else [])]
-    if (mode, placement, window) == ("on_policy_tips", "current_turn", -1):  # SmolLM2 runs past 8 tokens here
+    if (mode, window) == ("on_policy_tips", -1):  # SmolLM2 runs past 8 tokens here
         assert any(len(ids) == 8 and ids[-1] != chat.eos_id for ids in actions), actions
 
 
@@ -108,8 +106,8 @@ def test_branch_packed_episode_has_the_per_step_samples_loss_and_gradient(policy
     model, tokenizer = policy
     chat = ChatStream(tokenizer)
     cfg = RolloutConfig(max_action_tokens=8, max_prompt_tokens=4000, temperature=1.0)
-    episodes = run_episodes(model, chat, [RoomsEnv(2), RoomsEnv(3)], [Task("rooms", 0)] * 2, [0, 0],
-                            mode="on_policy_tips", memory=memory_with_tips(), cfg=cfg, seeds=[5, 6])
+    episodes = run_episodes(model, chat, pair_up([RoomsEnv(2), RoomsEnv(3)], [Task("rooms", 0)] * 2, [0, 0], [5, 6]),
+                            mode="on_policy_tips", memory=memory_with_tips(), cfg=cfg)
     assert [ep.num_actions for ep in episodes] == [2, 3] and all(ep.layout == "current_turn" for ep in episodes)
     params = [p for p in model.parameters() if p.requires_grad]
 

@@ -13,7 +13,7 @@ from envs.scienceworld.config import ScienceWorldConfig
 from envs.scienceworld.prompts import NAIVE_INSTRUCTION
 from memory import TipEntry, TipMemory, tip_block
 from rollout import (ChatStream, ContextBudgetError, Episode, check_first_turn, check_prompt_budget, full_history_turn,
-                     run_episodes, tips_before)
+                     pair_up, run_episodes, tips_before)
 
 SANITY = SanityConfig(families=["lab"], max_steps=3, train_variations=2, test_variations=1)
 # The reference's naive action instruction, typos included (its add_instruction.py, as docs/scienceworld.md quotes).
@@ -86,8 +86,7 @@ def user_turns(chat: ChatStream, ids: list[int]) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("placement", ["current_turn", "history"])
-def test_every_user_turn_ends_with_the_instruction_after_its_tips(policy, placement):
+def test_every_user_turn_ends_with_the_instruction_after_its_tips(policy):
     model, tokenizer = policy
     chat = ChatStream(tokenizer)
     envs = [SanityEnv(SANITY) for _ in range(2)]
@@ -96,12 +95,10 @@ def test_every_user_turn_ends_with_the_instruction_after_its_tips(policy, placem
     memory.add(task.key, TipEntry(tip="Try the red lamp first.", action="turn on the red lamp", ret=50.0, state=""))
     torch.manual_seed(0)
     cfg = RolloutConfig(max_action_tokens=6, max_prompt_tokens=4000)
-    episodes = run_episodes(model, chat, envs, [task, task], [0, 0], mode="off_policy", memory=memory, cfg=cfg,
-                            tip_placement=placement)
+    episodes = run_episodes(model, chat, pair_up(envs, [task, task]), mode="off_policy", memory=memory, cfg=cfg)
     reminder = "\n" + RESPOND
     for ep in episodes:
-        seen = [s.ids for s in ep.steps] if placement == "current_turn" else [ep.ids]
-        for context in seen:
+        for context in [s.ids for s in ep.steps]:
             turns = user_turns(chat, context)
             for turn in turns:  # every turn: observation (and its tip block), then the answer instruction last
                 assert turn.endswith(reminder) and turn.count(RESPOND) == 1

@@ -292,11 +292,12 @@ def test_a_full_fine_tune_resumes_against_the_initial_reference(tmp_path, tiny_f
     import torch
     from transformers import AutoModelForCausalLM
 
+    import infra.runtime
     import train as trainer
     from kl_gradient import watch
 
     seen = {"references": [], "optimizers": [], "kl_gradients": []}
-    real_update, real_load = watch(trainer.update, seen["kl_gradients"]), trainer.load_reference
+    real_update, real_load = watch(trainer.update, seen["kl_gradients"]), infra.runtime.load_reference
 
     def load_reference(*args, **kwargs):
         seen["references"].append(real_load(*args, **kwargs))
@@ -306,7 +307,7 @@ def test_a_full_fine_tune_resumes_against_the_initial_reference(tmp_path, tiny_f
         seen["optimizers"].append([p for group in optimizer.param_groups for p in group["params"]])  # kept alive
         return real_update(model, optimizer, *args, **kwargs)
 
-    monkeypatch.setattr(trainer, "load_reference", load_reference)
+    monkeypatch.setattr(infra.runtime, "load_reference", load_reference)  # as infra.runtime.load_models calls it
     monkeypatch.setattr(trainer, "update", update)
     # The random tiny model plays identical episodes (zero advantages); weight decay is what moves the policy here.
     kl = ["--model.lora=false", "--loss.kl_coef=0.01", "--train.lr=1e-3", "--train.weight_decay=10"]

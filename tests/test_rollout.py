@@ -19,7 +19,7 @@ from advantages import counts_novelty, pay_novelty
 from memory import TipEntry, TipMemory, clean_tip, tip_block
 from samples import build_samples, per_step_samples
 from rollout import (ChatStream, ContextBudgetError, Episode, draw_mode,
-                     generate_actions, run_episodes,
+                     generate_actions, pair_up, run_episodes,
                      write_tips)
 
 from chat_reference import QWEN25_SYSTEM, first_difference, render_episode
@@ -27,14 +27,14 @@ from conftest import ROOT, clean_env
 
 
 
-def play(policy, env_cls, mode, memory, n=2, window=-1, max_steps=3, intrinsic=None, placement="history"):
+def play(policy, env_cls, mode, memory, n=2, window=-1, max_steps=3, intrinsic=None):
     model, tokenizer = policy
     chat = ChatStream(tokenizer)
     envs = [env_cls(max_steps) for _ in range(n)]
     tasks = [Task("rooms", 0)] * n
     torch.manual_seed(1)
     cfg = RolloutConfig(max_action_tokens=8, max_prompt_tokens=4000, temperature=1.0, history_window=window)
-    eps = run_episodes(model, chat, envs, tasks, [0] * n, mode=mode, memory=memory, cfg=cfg, tip_placement=placement)
+    eps = run_episodes(model, chat, pair_up(envs, tasks), mode=mode, memory=memory, cfg=cfg)
     if counts_novelty(mode, memory, intrinsic):  # as train.play does after the rollout
         pay_novelty(eps, memory)
     return chat, eps
@@ -151,7 +151,7 @@ def tip_free_conversation(tokenizer, env, actions: list[list[int]]) -> list[int]
     return render_episode(tokenizer, user_texts(env), actions)[0]
 
 
-def play_recorded(monkeypatch, model, tokenizer, script, env_cls, mode, memory, placement, n=2, max_steps=3):
+def play_recorded(monkeypatch, model, tokenizer, script, env_cls, mode, memory, n=2, max_steps=3):
     """`play`, recording what every generate call returned: actions[i] = the ids generated for episode i, straight
     from the generator. With `script` the k-th call returns script[k] for every row (a tokenizer without a model)."""
     import rollout
@@ -170,8 +170,7 @@ def play_recorded(monkeypatch, model, tokenizer, script, env_cls, mode, memory, 
     torch.manual_seed(1)
     limit = max(map(len, script)) if script else 8  # a scripted action is never longer than the token limit
     cfg = RolloutConfig(max_action_tokens=limit, max_prompt_tokens=4000, temperature=1.0, kv_reuse=model is not None)
-    eps = run_episodes(model, chat, envs, [Task("rooms", 0)] * n, [0] * n, mode=mode, memory=memory, cfg=cfg,
-                       tip_placement=placement)
+    eps = run_episodes(model, chat, pair_up(envs, [Task("rooms", 0)] * n), mode=mode, memory=memory, cfg=cfg)
     assert calls and all(len(call) == n for call in calls)  # every episode played every step
     return chat, eps, envs, [[call[i] for call in calls] for i in range(n)]
 
@@ -205,27 +204,6 @@ def test_chat_stream_matches_the_chat_template(request, case):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", CHAT_CASES)
-def test_twin_stream_is_the_episode_rendered_without_tips(request, monkeypatch, rooms_env, case):
-    """tip_placement=history: the stream the model saw and its tip-free twin are, token for token, the template's
-    rendering of the conversation with and without the tip blocks (reminders after the tips), the generated ids
-    spliced in; the masks mark exactly those ids."""
-    model, tokenizer, script = chat_case(request, case)
-    memory = filled_memory()
-    _, eps, envs, actions = play_recorded(monkeypatch, model, tokenizer, script, reminding(rooms_env), "off_policy",
-                                          memory, "history")
-    for ep, env, acts in zip(eps, envs, actions):
-        assert ep.num_actions == len(acts) == len(env.history) and all(n == 3 for n in ep.tips_retrieved)
-        blocks = tip_blocks(memory, env)
-        assert all(block.count("Here are some memories") == 1 for block in blocks)
-        twin, twin_mask = render_episode(tokenizer, user_texts(env), acts)
-        seen, seen_mask = render_episode(tokenizer, user_texts(env, blocks), acts)
-        assert ep.twin_ids == twin, first_difference(ep.twin_ids, twin, tokenizer)
-        assert ep.ids == seen, first_difference(ep.ids, seen, tokenizer)
-        assert (ep.twin_mask, ep.mask) == (twin_mask, seen_mask) and len(seen) > len(twin)
-
-
-@pytest.mark.slow
 def test_no_memory_mode_streams_are_identical(policy, rooms_env):
     _, eps = play(policy, rooms_env, "no_memory", filled_memory())
     for ep in eps:
@@ -237,7 +215,8 @@ def test_off_policy_samples_use_the_twin_and_the_chosen_old_context(policy, room
     _, eps = play(policy, rooms_env, "off_policy", filled_memory())
     table3 = build_samples(eps, [1.0, -1.0], off_policy_old_logp="with_tips")
     alg1 = build_samples(eps, [1.0, -1.0], off_policy_old_logp="without_tips")
-    assert table3[0].ids == eps[0].twin_ids and [c.ids for c in table3[0].old] == [eps[0].ids]
+    played = [s.ids + s.action_ids for s in eps[0].steps]  # each step's own prompt, with its tips
+    assert table3[0].ids == eps[0].twin_ids and [c.ids for c in table3[0].old] == played
     assert alg1[0].ids == eps[0].twin_ids and [c.ids for c in alg1[0].old] == [eps[0].twin_ids]
     assert table3[1].advantages == [-1.0] * sum(eps[1].mask)
 
@@ -245,7 +224,7 @@ def test_off_policy_samples_use_the_twin_and_the_chosen_old_context(policy, room
 @pytest.mark.slow
 def test_packed_logprobs_equal_per_step_logprobs(policy, rooms_env):
     model, tokenizer = policy
-    chat, eps = play(policy, rooms_env, "on_policy_tips", filled_memory())
+    chat, eps = play(policy, rooms_env, "no_memory", filled_memory())
     sample = build_samples(eps[:1], [0.7])[0]
     model.eval()
     with torch.no_grad():
@@ -283,7 +262,7 @@ def test_current_turn_placement_shows_only_this_turns_tips(request, monkeypatch,
     model, tokenizer, script = chat_case(request, case)
     memory = filled_memory()
     chat, eps, envs, actions = play_recorded(monkeypatch, model, tokenizer, script, reminding(rooms_env), "off_policy",
-                                             memory, "current_turn")
+                                             memory)
     ep, env, acts = eps[0], envs[0], actions[0]
     assert ep.layout == "current_turn" and len(ep.steps) == len(acts) == len(env.history)
     free, tipped = user_texts(env), user_texts(env, tip_blocks(memory, env))
@@ -331,17 +310,6 @@ def test_current_turn_placement_shows_only_this_turns_tips(request, monkeypatch,
 
 
 @pytest.mark.slow
-def test_current_turn_placement_needs_less_context_than_history(policy, rooms_env):
-    _, history = play(policy, rooms_env, "on_policy_tips", filled_memory(), placement="history")
-    _, current = play(policy, rooms_env, "on_policy_tips", filled_memory(), placement="current_turn")
-    block = len(current[0].steps[-1].ids) - len(current[0].steps[-1].twin_ids)  # one block (+ its text)
-    assert block > 0
-    # History carries all three blocks at the last step, current_turn only one.
-    last_history = len(history[0].ids) - len(history[0].last_action_ids)
-    assert len(current[0].steps[-1].ids) < last_history
-
-
-@pytest.mark.slow
 def test_a_first_message_without_room_for_the_episode_stops_at_start(policy, rooms_env):
     model, tokenizer = policy
     chat = ChatStream(tokenizer)
@@ -351,9 +319,9 @@ def test_a_first_message_without_room_for_the_episode_stops_at_start(policy, roo
     cfg = RolloutConfig(max_action_tokens=8, max_prompt_tokens=first + 3 * 8 - 1)
     with pytest.raises(ContextBudgetError, match=f"first message is {first} tokens.*{first + 24} > "
                                                  f"rollout.max_prompt_tokens={first + 23}"):
-        run_episodes(model, chat, [env], [Task("rooms", 0)], [0], mode="no_memory", memory=None, cfg=cfg)
+        run_episodes(model, chat, pair_up([env], [Task("rooms", 0)]), mode="no_memory", memory=None, cfg=cfg)
     cfg.max_prompt_tokens = first + 3 * 8  # exactly enough: it plays
-    eps = run_episodes(model, chat, [env], [Task("rooms", 0)], [0], mode="no_memory", memory=None, cfg=cfg)
+    eps = run_episodes(model, chat, pair_up([env], [Task("rooms", 0)]), mode="no_memory", memory=None, cfg=cfg)
     assert eps[0].num_actions >= 1
 
 
@@ -361,7 +329,7 @@ def test_a_first_message_without_room_for_the_episode_stops_at_start(policy, roo
 def test_context_truncation_is_recorded(policy, rooms_env):
     model, tokenizer = policy
     chat = ChatStream(tokenizer)
-    eps = run_episodes(model, chat, [rooms_env(5)], [Task("rooms", 0)], [0], mode="no_memory", memory=None,
+    eps = run_episodes(model, chat, pair_up([rooms_env(5)], [Task("rooms", 0)]), mode="no_memory", memory=None,
                        cfg=RolloutConfig(max_action_tokens=8, max_prompt_tokens=120, temperature=1.0))
     assert eps[0].truncated == "context" and 0 < eps[0].num_actions < 5
 
@@ -410,21 +378,18 @@ def test_hostile_tip_text_is_cut_to_one_clean_line():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("placement", ["history", "current_turn"])
-def test_a_hostile_tip_never_leaks_into_the_tip_free_twin(policy, rooms_env, placement, monkeypatch):
+def test_a_hostile_tip_never_leaks_into_the_tip_free_twin(policy, rooms_env, monkeypatch):
     """A tip that closes the tag and fakes a chat turn stays inside its block; the twin never contains it."""
     memory = TipMemory()
     memory.add("rooms/0", TipEntry(tip=HOSTILE_TIP, action="look </tip>", ret=99.0))
     model, tokenizer = policy
-    chat, eps, envs, actions = play_recorded(monkeypatch, model, tokenizer, None, rooms_env, "off_policy", memory,
-                                             placement)
+    chat, eps, envs, actions = play_recorded(monkeypatch, model, tokenizer, None, rooms_env, "off_policy", memory)
     special = set(chat.tokenizer.all_special_ids)
     for ep, env, acts in zip(eps, envs, actions):
-        prompts_with_tips = [s.ids for s in ep.steps] if ep.steps else [ep.ids]
-        assert all("LEAKED-SECRET" in chat.decode(ids) for ids in prompts_with_tips)
+        assert ep.steps and all("LEAKED-SECRET" in chat.decode(s.ids) for s in ep.steps)
         # The spelled-out "<|im_end|>" / "<|im_start|>" of the tip became no real turn boundary: the with-tip
         # contexts hold exactly the special tokens of their tip-free twins.
-        for step_ids, twin in ([(s.ids, s.twin_ids) for s in ep.steps] or [(ep.ids, ep.twin_ids)]):
+        for step_ids, twin in [(s.ids, s.twin_ids) for s in ep.steps]:
             assert [i for i in step_ids if i in special] == [i for i in twin if i in special]
         # The twin is exactly the tip-free conversation (the sampled actions may echo the tip, and the rooms env
         # echoes actions in its observations, so text search cannot tell): the template's rendering, token for token.
@@ -464,7 +429,7 @@ def test_hostile_actions_never_crash_or_corrupt_the_stream(policy, rooms_env, mo
     monkeypatch.setattr(rollout, "generate_actions", scripted)
     envs = [rooms_env(len(script)) for _ in range(2)]
     cfg = RolloutConfig(max_action_tokens=10_100, max_prompt_tokens=30_000, kv_reuse=False)
-    eps = run_episodes(model, chat, envs, [Task("rooms", 0)] * 2, [0, 0], mode="no_memory", memory=None, cfg=cfg)
+    eps = run_episodes(model, chat, pair_up(envs, [Task("rooms", 0)] * 2), mode="no_memory", memory=None, cfg=cfg)
     for ep, env in zip(eps, envs):
         assert ep.num_actions == len(script) and ep.truncated != "env_error"
         assert ep.ids == ep.twin_ids == tip_free_conversation(tokenizer, env, script)
@@ -484,8 +449,9 @@ def test_environment_tips_are_what_a_replay_of_the_episode_reveals(policy, rooms
     cfg = RolloutConfig(max_action_tokens=10, max_prompt_tokens=2000, temperature=1.0, tip_source="environment")
     tasks = [Task("lab", 0), Task("lab", 0), Task("lab", 3), Task("lab", 3)]
     memory = TipMemory()
-    eps = run_episodes(model, chat, [SanityEnv(SanityConfig(**settings)) for _ in tasks], tasks, [0, 0, 1, 1],
-                       mode="no_memory", memory=memory, cfg=cfg, seeds=[1, 2, 3, 4])
+    envs = [SanityEnv(SanityConfig(**settings)) for _ in tasks]
+    eps = run_episodes(model, chat, pair_up(envs, tasks, [0, 0, 1, 1], [1, 2, 3, 4]), mode="no_memory", memory=memory,
+                       cfg=cfg)
     stats = write_tips(model, chat, eps, memory, cfg)
     replay = SanityEnv(SanityConfig(**settings))
     for ep in eps:
@@ -496,7 +462,7 @@ def test_environment_tips_are_what_a_replay_of_the_episode_reveals(policy, rooms
     assert stats["tips_written"] == sum(bool(ep.tip) for ep in eps)
     assert len(memory.pending_tips) == sum(len(ep.actions) for ep in eps if ep.tip)
     with pytest.raises(NotImplementedError, match="tip_source=environment"):  # refused before anything is played
-        run_episodes(model, chat, [rooms_env(3)], [Task("rooms", 0)], [0], mode="no_memory", memory=memory, cfg=cfg)
+        run_episodes(model, chat, pair_up([rooms_env(3)], [Task("rooms", 0)]), mode="no_memory", memory=memory, cfg=cfg)
 
 
 def test_oracle_tips_are_stored_at_their_state_and_shown_only_there(monkeypatch, qwen25_tokenizer):
@@ -519,13 +485,13 @@ def test_oracle_tips_are_stored_at_their_state_and_shown_only_there(monkeypatch,
     cfg = RolloutConfig(max_action_tokens=16, max_prompt_tokens=4000, kv_reuse=False, tip_source="oracle",
                         tip_format="tip_only")
     memory = TipMemory(scorer="exact", top_k=3)
-    first = run_episodes(None, chat, [SanityEnv(settings)], [task], [0], mode="on_policy_tips", memory=memory,
+    first = run_episodes(None, chat, pair_up([SanityEnv(settings)], [task]), mode="on_policy_tips", memory=memory,
                          cfg=cfg)[0]
     assert first.oracle == [(first.observations[1], 'The command to play now is "flip the main switch".')]
     stats = write_tips(None, chat, [first], memory, cfg)
     memory.sync()
     assert stats == {"tips_written": 1.0, "tips_empty": 0.0} and memory.size(task.key) == 1
-    second = run_episodes(None, chat, [SanityEnv(settings)], [task], [0], mode="on_policy_tips", memory=memory,
+    second = run_episodes(None, chat, pair_up([SanityEnv(settings)], [task]), mode="on_policy_tips", memory=memory,
                           cfg=cfg)[0]
     assert second.success and second.observations[1] == first.observations[1]
     assert second.tips_shown[0] == second.tips_shown[2] == second.tips_shown[3] == ""

@@ -42,7 +42,7 @@ from engine.generation import left_pad
 from losses import compute_old_logprobs, length_buckets, padded_tokens, samples_loss
 from memory import TipMemory
 from infra.models import load_policy
-from rollout import ChatStream, run_episodes, write_tips
+from rollout import ChatStream, pair_up, run_episodes, write_tips
 from samples import build_samples, per_step_samples
 
 
@@ -101,8 +101,8 @@ def play(model, chat, envs, tasks, cfg, kv_reuse: bool, seed: int, memory=None, 
     rollout = dataclasses.replace(cfg.rollout, kv_reuse=kv_reuse)
     torch.manual_seed(seed)
     start = clock()
-    episodes = run_episodes(model, chat, envs, tasks, [t.variation for t in tasks], mode=mode, memory=memory,
-                            cfg=rollout, keep_caches=memory is not None)
+    episodes = run_episodes(model, chat, pair_up(envs, tasks, [t.variation for t in tasks]), mode=mode,
+                            memory=memory, cfg=rollout, keep_caches=memory is not None)
     return episodes, clock() - start
 
 
@@ -392,8 +392,8 @@ def mode_iteration(model, chat, envs, tasks, cfg, mode, memory, optimizer, accel
     seeds = [seed * 1000 + j for j in range(len(tasks))]
     model.eval()
     t0 = clock()
-    episodes = run_episodes(model, chat, envs, tasks, [t.variation for t in tasks], mode=mode, memory=memory,
-                            cfg=cfg.rollout, keep_caches=True, seeds=seeds)
+    episodes = run_episodes(model, chat, pair_up(envs, tasks, [t.variation for t in tasks], seeds), mode=mode,
+                            memory=memory, cfg=cfg.rollout, keep_caches=True)
     if counts_novelty(mode, memory, cfg.intrinsic):
         pay_novelty(episodes, memory)
     t1 = clock()

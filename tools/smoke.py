@@ -248,14 +248,15 @@ def check_left_padding(model, chat, contexts: list[list[int]], device) -> dict:
 
 def play(model, chat, cfg, seeds=None, **rollout):
     from envs import make_env
-    from rollout import run_episodes
+    from rollout import pair_up, run_episodes
 
     n = cfg.rollout.tasks_per_iteration * cfg.rollout.group_size
     envs = [make_env(cfg.env) for _ in range(n)]
     train_tasks = envs[0].tasks("train")
     tasks = [train_tasks[i // cfg.rollout.group_size] for i in range(n)]
-    return run_episodes(model, chat, envs, tasks, [i // cfg.rollout.group_size for i in range(n)], mode="no_memory",
-                        memory=None, cfg=dataclasses.replace(cfg.rollout, **rollout), seeds=seeds)
+    plays = pair_up(envs, tasks, [i // cfg.rollout.group_size for i in range(n)], seeds)
+    return run_episodes(model, chat, plays, mode="no_memory", memory=None,
+                        cfg=dataclasses.replace(cfg.rollout, **rollout))
 
 
 def check_kv_reuse(model, chat, cfg) -> dict:

@@ -30,8 +30,8 @@ What.
    The model's action is the action text + eos (what the model emits when it stops by itself), cut at
    `max_action_tokens`. Each recorded episode is then replayed through the chat stream in three ways:
      * no_memory: no tip block;
-     * memory / history (`rollout.run_episodes(tip_placement="history")`, once the config key
-       rollout.tip_placement): every turn's tip block stays in the history; context = with-tip stream;
+     * memory / history (once the config key rollout.tip_placement, later a test path of rollout.run_episodes,
+       gone since issue 50; this script builds it itself): every turn's tip block stays in the history;
      * memory / current_turn (what rollouts always do now; the paper's pi(a | s_t, u, tips_t)):
        the tip-free history (all previous turns without their blocks) + the current turn with its block, played
        through Episode(layout="current_turn") exactly as rollout.run_episodes builds it.

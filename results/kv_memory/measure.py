@@ -148,8 +148,8 @@ def main() -> None:
     envs = [ReadingEnv(s) for s in (2, 3, 4, 2, 3, 4)]
     tasks = [Task("reading", 0)] * 3 + [Task("reading", 1)] * 3
     memory = TipMemory(capacity=10, top_k=2)
-    episodes = rollout.run_episodes(model, chat, envs, tasks, [0, 0, 0, 1, 1, 1], mode="no_memory", memory=memory,
-                                    cfg=cfg, keep_caches=True, seeds=list(range(6)))
+    episodes = rollout.run_episodes(model, chat, rollout.pair_up(envs, tasks, [0, 0, 0, 1, 1, 1], list(range(6))),
+                                    mode="no_memory", memory=memory, cfg=cfg, keep_caches=True)
     rollout.write_tips(model, chat, episodes, memory, cfg)
 
     mb = lambda b: f"{b / 2**20:7.1f}"  # noqa: E731

@@ -16,7 +16,7 @@ from config import load_config, split_cli  # noqa: E402
 from envs import make_env  # noqa: E402
 from memory import TipMemory  # noqa: E402
 from infra.models import load_policy  # noqa: E402
-from rollout import ChatStream, run_episodes, write_tips  # noqa: E402
+from rollout import ChatStream, pair_up, run_episodes, write_tips  # noqa: E402
 
 
 def main(argv):
@@ -31,8 +31,8 @@ def main(argv):
     tasks = envs[0].tasks("train")[: cfg.rollout.tasks_per_iteration]
     tasks = [t for t in tasks for _ in range(cfg.rollout.group_size)]
     start = time.perf_counter()
-    episodes = run_episodes(model, chat, envs, tasks, list(range(n)), mode="no_memory", memory=None,
-                            cfg=cfg.rollout, keep_caches=True, seeds=list(range(n)))
+    episodes = run_episodes(model, chat, pair_up(envs, tasks, list(range(n)), list(range(n))), mode="no_memory",
+                            memory=None, cfg=cfg.rollout, keep_caches=True)
     rollout = time.perf_counter() - start
     memory = TipMemory()
     calls = []  # (input shape, cached length, seconds) per forward of the decoder

@@ -36,7 +36,7 @@ from envs.scienceworld.prompts import clean_action  # noqa: E402
 from infra.models import load_policy  # noqa: E402
 from infra.runtime import derive_seed  # noqa: E402
 from memory import TipMemory  # noqa: E402
-from rollout import run_episodes, write_tips  # noqa: E402
+from rollout import pair_up, run_episodes, write_tips  # noqa: E402
 
 LAB = ["--env.sanity.families=[lab]", "--env.sanity.switch=true", "--env.sanity.reward=success",
        "--env.sanity.difficulty=1", "--env.sanity.num_stages=3", "--env.sanity.num_distractors=1",
@@ -48,8 +48,8 @@ def play(model, chat, cfg, tasks, mode, memory, seed, tag):
     """One batch of episodes (one environment each), at T = 1, each on its own seeded stream."""
     envs = [SanityEnv(cfg.env.sanity) for _ in tasks]
     seeds = [derive_seed(seed, tag, i) for i in range(len(tasks))]
-    return run_episodes(model, chat, envs, tasks, list(range(len(tasks))), mode=mode, memory=memory,
-                        cfg=cfg.rollout, temperature=1.0, seeds=seeds)
+    return run_episodes(model, chat, pair_up(envs, tasks, list(range(len(tasks))), seeds), mode=mode, memory=memory,
+                        cfg=replace(cfg.rollout, temperature=1.0))
 
 
 def tip_use(episodes) -> tuple[int, int]:

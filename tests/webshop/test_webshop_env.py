@@ -223,7 +223,7 @@ def test_action_prefix_is_context_not_action(policy, window):
     """rollout.action_prefix (the CPU setting): every step's context ends with the prefix ids, the environment
     receives prefix + generated text, and the trained tokens are only the generated ones."""
     from config import RolloutConfig
-    from rollout import ChatStream, run_episodes
+    from rollout import ChatStream, pair_up, run_episodes
     from samples import build_samples
     model, tokenizer = policy
     chat = ChatStream(tokenizer)
@@ -232,8 +232,8 @@ def test_action_prefix_is_context_not_action(policy, window):
                         max_prompt_tokens=4096, kv_reuse=True)
     config = WebShopConfig(max_steps=2, prompt="short", require_think=False)
     envs = [WebShopEnv(config) for _ in range(2)]
-    eps = run_episodes(model, chat, envs, [Task("webshop", 600)] * 2, [0, 0], mode="no_memory", memory=None, cfg=cfg,
-                       seeds=[1, 2])
+    eps = run_episodes(model, chat, pair_up(envs, [Task("webshop", 600)] * 2, [0, 0], [1, 2]), mode="no_memory",
+                       memory=None, cfg=cfg)
     for ep in eps:
         assert ep.actions and all(a.startswith("<action>") for a in ep.actions)
         if window >= 0:  # one prompt per step, the prefix last; the action ids follow it
