@@ -435,10 +435,10 @@ def tip_context(chat: ChatStream, ep: Episode, budget: int = 1 << 30) -> list[in
 
 
 def write_tips(model, chat: ChatStream, episodes: list[Episode], memory: TipMemory | None, cfg: RolloutConfig,
-               max_score: float = 100.0, temperature: float = TIP_TEMPERATURE) -> dict[str, float]:
+               max_score: float = 100.0) -> dict[str, float]:
     """The policy reflects on each episode (one batched generate) into `ep.tip`; `tip_entries(ep, max_score)` are
     staged in `memory` (None: the caller stores them). An episode's KV cache (run_episodes(keep_caches=True)) is
-    reused: only the tip turn is encoded, then freed. temperature: 0 only in tests (greedy tips)."""
+    reused: only the tip turn is encoded, then freed. Tips are sampled at config.TIP_TEMPERATURE (the reference's)."""
     todo = [ep for ep in episodes if ep.num_actions > 0]
     # a window-layout tip context is the whole trajectory, not the cached last window: nothing to reuse
     caches = [None if ep.layout == "window" else ep.kv_cache for ep in todo] if kv_reuse_enabled(model, cfg) else None
@@ -458,7 +458,7 @@ def write_tips(model, chat: ChatStream, episodes: list[Episode], memory: TipMemo
     else:  # only the first line is kept (clean_tip): stop there; the caches are dropped after this call: no split
         budget = cfg.max_prompt_tokens - cfg.tip_max_tokens
         outputs = generate_actions(model, chat, [tip_context(chat, ep, budget) for ep in todo], caches,
-                                   max_new_tokens=cfg.tip_max_tokens, temperature=temperature,
+                                   max_new_tokens=cfg.tip_max_tokens, temperature=TIP_TEMPERATURE,
                                    batch_size=cfg.generation_batch_size, seeds=row_seeds(todo, "tip"),
                                    keep_caches=False, stop=chat.first_line_stop())
         tips = [chat.plain(chat.decode(ids)) for ids in outputs]

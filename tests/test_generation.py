@@ -14,6 +14,7 @@ from envs.base import Env, Task
 from engine.generation import NonFiniteScoresError, RowSampler, ScoreCheck, cut_at_eos, generate, left_pad, prefill
 from engine.kvcache import PrefixCache
 from memory import TipEntry, TipMemory
+import rollout as rollout_module
 from rollout import ChatStream, pair_up, run_episodes, write_tips
 
 
@@ -101,7 +102,9 @@ def play_both_ways(model, chat, envs, tasks, groups, cfg: RolloutConfig, mode="n
         memory.sync()
         eps = run_episodes(model, chat, pair_up(envs, tasks, groups), mode=mode, memory=memory, cfg=rollout,
                            keep_caches=True)
-        write_tips(model, chat, eps, memory, rollout, temperature=0.0)
+        with pytest.MonkeyPatch.context() as patch:  # greedy tips too: both paths must agree token for token
+            patch.setattr(rollout_module, "TIP_TEMPERATURE", 0.0)
+            write_tips(model, chat, eps, memory, rollout)
         assert all(ep.kv_cache is None for ep in eps)  # freed after the tip
         out[reuse] = ([ep.ids for ep in eps], [[s.ids + s.action_ids for s in ep.steps] for ep in eps],
                       [ep.tip for ep in eps], [ep.actions for ep in eps], [action_runs(ep) for ep in eps])
@@ -347,7 +350,8 @@ def test_static_and_dynamic_kv_caches_give_the_same_episodes(policy, temperature
         eps = run_episodes(model, chat, pair_up([QuizEnv(1), QuizEnv(3), QuizEnv(2)], [Task("quiz", 0)] * 3,
                                                 [0, 1, 2], [5, 6, 7]), mode="no_memory", memory=None, cfg=cfg,
                            keep_caches=True)
-        write_tips(model, chat, eps, None, cfg, temperature=temperature)
+        monkeypatch.setattr(rollout_module, "TIP_TEMPERATURE", temperature)  # tips as greedy / sampled as actions
+        write_tips(model, chat, eps, None, cfg)
         out[kind] = [(ep.ids, ep.action_logps, ep.tip) for ep in eps]
     assert out["static"] == out["dynamic"]
     assert [len(ep[1]) for ep in out["static"]] == [1, 3, 2]
