@@ -22,9 +22,9 @@ Token streams (docs/decisions.md). An episode is recorded token-in/token-out: ev
 what it generated, is kept as ids, never re-tokenised before the update: `Episode.ids` in the "packed" layout
 (no-memory episodes), each step's own prompt in `Episode.steps` in the "current_turn" layout (where `ids` is the
 tip-free stream) and the "window" layout. Conversations are append-only, so with full history
-(`rollout.history_window: -1`) an episode is ONE sequence scored in one forward pass. `Episode.twin_ids` is the
-same episode built from the same message deltas WITHOUT the tip blocks (never by deleting ids afterwards, the
-reference's bug); the off-policy update scores the actions in that context. With a history window (k >= 0, WebShop
+(`rollout.history_window: -1`) an episode is ONE sequence scored in one forward pass. The tip-free stream
+(`Episode.ids`; a step's `StepPrompt.twin_ids`) is built from the same message deltas WITHOUT the tip blocks (never
+by deleting ids afterwards, the reference's bug); the off-policy update scores the actions in that context. With a history window (k >= 0, WebShop
 style) each step is its own prompt and its own sample, with a tip and a tip-free prompt.
 
 Deviations: the tip is written from the episode's with-tip stream plus one user turn holding the final observation
@@ -83,8 +83,8 @@ class StepPrompt:
 class Episode:
     """One played episode, token-in/token-out, in one of three layouts (samples.py turns each into training samples):
 
-    * "packed": one append-only stream `ids` and its tip-free twin `twin_ids` (the rollout's no-memory episodes:
-      the same stream; tests/test_learning.py builds one with a tip in `ids` by hand);
+    * "packed": one append-only stream `ids`, what the model saw (no-memory episodes: no tips, so it is also the
+      tip-free stream the off-policy update would score);
     * "current_turn": tips only in the current turn (memory modes, the paper's pi(a | s_t, u, tips_t)): `ids` is the
       tip-free stream and every step keeps its own prompt in `steps` = that stream + the turn with its tips;
     * "window": one self-contained StepPrompt per step (rollout.history_window >= 0, WebShop); `ids` stays empty.
@@ -94,12 +94,10 @@ class Episode:
     group: int  # episodes with the same group id form one GRPO group
     mode: str
     layout: str = "packed"
-    # The full-history stream without tips: what the model saw ("packed"), or the history each step's prompt in
-    # `steps` extends with its own tips ("current_turn"); empty in the "window" layout.
+    # The full-history stream, tip-free in every layout: what the model saw ("packed"), or the history each step's
+    # prompt in `steps` extends with its own tips ("current_turn"); empty in the "window" layout.
     ids: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)  # 1 on generated action tokens
-    twin_ids: list[int] = field(default_factory=list)  # the same stream without tip blocks
-    twin_mask: list[int] = field(default_factory=list)
     steps: list[StepPrompt] = field(default_factory=list)  # "window" and "current_turn" layouts
     observations: list[str] = field(default_factory=list)  # observation before each action
     actions: list[str] = field(default_factory=list)  # raw model outputs
@@ -125,12 +123,10 @@ class Episode:
     seed: int | None = None  # this episode's own sampling stream (step t: derive_seed(seed, "step", t)); None: global
     kv_cache: PrefixCache | None = field(default=None, repr=False)  # kept for the tip (rollout.kv_reuse)
 
-    def extend(self, ids: list[int], twin_ids: list[int], action: bool) -> None:
-        """Append to the full-history stream and its tip-free twin (action tokens are masked in)."""
+    def extend(self, ids: list[int], action: bool) -> None:
+        """Append to the full-history stream (action tokens are masked in)."""
         self.ids += ids
         self.mask += [int(action)] * len(ids)
-        self.twin_ids += twin_ids
-        self.twin_mask += [int(action)] * len(twin_ids)
 
     def add_prompt(self, ids: list[int], twin_ids: list[int]) -> None:
         """Record the prompt of a new step (its tip and tip-free versions)."""
@@ -138,9 +134,9 @@ class Episode:
             self.steps.append(StepPrompt(ids=ids, twin_ids=twin_ids, action_ids=[]))
             return
         if self.layout == "current_turn":  # this step's context: the tip-free history + the turn with its tips
-            self.steps.append(StepPrompt(ids=self.ids + ids, twin_ids=self.twin_ids + twin_ids, action_ids=[]))
-            ids = twin_ids  # the packed stream keeps no tips
-        self.extend(ids, twin_ids, action=False)
+            self.steps.append(StepPrompt(ids=self.ids + ids, twin_ids=self.ids + twin_ids, action_ids=[]))
+            ids = twin_ids  # the stream keeps no tips
+        self.extend(ids, action=False)
 
     def add_action(self, action_ids: list[int], logp: list[float] | None = None) -> None:
         """Record the generated action ids of the current step (the same ids in both streams) and, if recorded,
@@ -149,7 +145,7 @@ class Episode:
         if self.steps:
             self.steps[-1].action_ids = action_ids
         if self.layout != "window":
-            self.extend(action_ids, action_ids, action=True)
+            self.extend(action_ids, action=True)
 
     @property
     def last_action_ids(self) -> list[int]:

@@ -86,16 +86,16 @@ def contexts(ep, off_policy_old_logp: str = "with_tips") -> list[tuple[Context, 
         return Context(prompt + action, [0] * len(prompt) + [1] * len(action), logp)
 
     played_steps = [(s, lp) for s, lp in zip(ep.steps, ep.action_logps) if s.action_ids]
-    if ep.layout == "packed":  # played = the stream; its twin is the same stream without tip blocks
+    if ep.layout == "packed":  # played = the stream, tip-free: its own twin
         acted = any(ep.mask)
         played = [Context(ep.ids, ep.mask, recorded(ep.action_logps))] if acted else []
-        twins = [Context(ep.twin_ids, ep.twin_mask)] if acted else []
+        twins = [Context(ep.ids, ep.mask)] if acted else []
     elif ep.layout == "window":  # every step was its own prompt, with tips and tip-free
         played = [step_context(s.ids, s.action_ids, lp) for s, lp in played_steps]
         twins = [step_context(s.twin_ids, s.action_ids) for s, _ in played_steps]
     else:  # "current_turn": each step played in its own prompt; the twin is the one tip-free stream
         played = [step_context(s.ids, s.action_ids, lp) for s, lp in played_steps]
-        twins = [Context(ep.twin_ids, ep.twin_mask)] if any(ep.twin_mask) else []
+        twins = [Context(ep.ids, ep.mask)] if any(ep.mask) else []
     if ep.mode != "off_policy":
         return [(c, [c]) for c in played]
     if off_policy_old_logp == "without_tips":

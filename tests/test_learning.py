@@ -49,7 +49,8 @@ def fresh_policy():
 
 
 def one_step_episode(chat: ChatStream, action: str, mode: str, with_tips: bool) -> Episode:
-    ep = Episode(task=Task("colours", 0), group=0, mode=mode)
+    """The question (with the tip block in the turn, as the rollout shows memory tips), then `action`."""
+    ep = Episode(task=Task("colours", 0), group=0, mode=mode, layout="current_turn")
     block = tip_block(TIP) if with_tips else ""
     ep.add_prompt(chat.first_turn(QUESTION + block), chat.first_turn(QUESTION))
     ep.add_action(chat.encode(action) + [chat.eos_id])
@@ -60,10 +61,11 @@ def one_step_episode(chat: ChatStream, action: str, mode: str, with_tips: bool) 
 
 def action_logprob(model, chat: ChatStream, action: str, with_tips: bool) -> float:
     """log pi(action + eos | the question, with or without the tip block): summed over the action tokens."""
-    ep = one_step_episode(chat, action, "no_memory", with_tips)
+    step = one_step_episode(chat, action, "no_memory", with_tips).steps[0]  # the prompt played, with its tips
+    ids, mask = step.ids + step.action_ids, [0] * len(step.ids) + [1] * len(step.action_ids)
     model.eval()
     with torch.no_grad():
-        (logp,), _ = sequence_action_logprobs(model, [ep.ids], [ep.mask], chat.pad_id, "cpu")
+        (logp,), _ = sequence_action_logprobs(model, [ids], [mask], chat.pad_id, "cpu")
     return logp.sum().item()
 
 
@@ -118,8 +120,7 @@ def stream_logprob(model, chat: ChatStream, ids: list[int], mask: list[int]) -> 
 MIN_CHANGE = {"with_tips": 0.3, "without_tips": 2.0}
 
 
-# Table 3's denominator through the run's default path; Algorithm 1's on one-step episodes built by hand (the
-# packed layout, with the tip in the played stream and not in its twin).
+# Table 3's denominator through the run's default path; Algorithm 1's on one-step episodes built by hand.
 @pytest.mark.parametrize("old_logp, path", [("with_tips", "rollout"), ("without_tips", "by_hand")])
 def test_off_policy_update_distils_the_tip_into_the_tip_free_policy(fresh_policy, old_logp, path, monkeypatch):
     from accelerate import Accelerator
@@ -144,11 +145,11 @@ def test_off_policy_update_distils_the_tip_into_the_tip_free_policy(fresh_policy
         episodes = [one_step_episode(chat, GOOD, "off_policy", True), one_step_episode(chat, BAD, "off_policy", True)]
         advantages = [1.0, -1.0]
     samples = build_samples(episodes, advantages, off_policy_old_logp=old_logp)
-    assert len(samples) == 2 and [s.ids for s in samples] == [ep.twin_ids for ep in episodes]  # scored without tips
+    assert len(samples) == 2 and [s.ids for s in samples] == [ep.ids for ep in episodes]  # scored without tips
     assert all("<tip>" not in chat.decode(s.ids) for s in samples)
     if path == "rollout":  # the behaviour log-probs: each action in its own with-tip step prompt
         assert all(len(s.old) == 2 and all(chat.decode(c.ids).count("<tip>") == 1 for c in s.old) for s in samples)
-    tip_free = [stream_logprob(model, chat, ep.twin_ids, ep.twin_mask) for ep in episodes]  # every step
+    tip_free = [stream_logprob(model, chat, ep.ids, ep.mask) for ep in episodes]  # every step
     compute_old_logprobs(model, samples, chat.pad_id, "cpu", micro_batch_size=2)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     metrics = update(model, optimizer, samples, cfg, Accelerator(cpu=True), "off_policy", chat.pad_id,
@@ -165,7 +166,7 @@ def test_off_policy_update_distils_the_tip_into_the_tip_free_policy(fresh_policy
     print({k: round(v, 2) for k, v in after.items()})
     assert gap_after < gap_before - change  # the tip-free policy moves towards the with-tips policy on GOOD
     # Over whole episodes (both steps) too: the rewarded episode's tip-free log-prob rises, the punished one's falls.
-    tip_free_after = [stream_logprob(model, chat, ep.twin_ids, ep.twin_mask) for ep in episodes]
+    tip_free_after = [stream_logprob(model, chat, ep.ids, ep.mask) for ep in episodes]
     print("tip-free episode log-probs", [round(v, 2) for v in tip_free], "->", [round(v, 2) for v in tip_free_after])
     assert tip_free_after[0] > tip_free[0] + change and tip_free_after[1] < tip_free[1] - 1.0
 

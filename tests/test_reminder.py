@@ -104,7 +104,7 @@ def test_every_user_turn_ends_with_the_instruction_after_its_tips(policy):
                 assert turn.endswith(reminder) and turn.count(RESPOND) == 1
                 if "<tip>" in turn:
                     assert turn.index("</tip>") < turn.index(RESPOND)
-        twin_turns = user_turns(chat, ep.twin_ids)
+        twin_turns = user_turns(chat, ep.ids)  # the tip-free stream
         assert len(twin_turns) == ep.num_actions and all(t.endswith(reminder) for t in twin_turns)
         assert all("<tip>" not in t for t in twin_turns)
     assert any("<tip>" in t for ep in episodes for t in user_turns(chat, ep.steps[-1].ids if ep.steps else ep.ids))

@@ -50,8 +50,8 @@ LAYOUTS = {  # layout -> samples per episode for (on-policy, off-policy)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("mode, old_logp", TABLE3)
 def test_contexts_follow_table_3(layout, mode, old_logp):
-    if layout == "current_turn" and mode == "no_memory":
-        pytest.skip("no-memory episodes are packed: no tips, no current turn")
+    if layout != "window" and (layout == "current_turn") != (mode != "no_memory"):
+        pytest.skip("full history: no-memory episodes are packed, memory episodes current-turn (rollout.run_episodes)")
     ep = episode(layout, mode)
     pairs = contexts(ep, old_logp)
     scored_tips, old_tips, played = TABLE3[(mode, old_logp)]
@@ -86,7 +86,7 @@ def test_build_samples_old_logprobs_advantages_and_weights():
     assert len(on) == 1 and on[0].old_logp == [-0.1, -0.2, -0.3, -0.4, -0.5, -0.6]  # recorded: no forward needed
     assert on[0].advantages == [0.5] * 6 and on[0].weights == pytest.approx([1 / 2] * 2 + [1.0] + [1 / 3] * 3)
     assert on[0].steps == 3 and on[0].units == pytest.approx(3.0)
-    alg1 = build_samples([episode("packed", "off_policy")], [0.5], off_policy_old_logp="without_tips")
+    alg1 = build_samples([episode("current_turn", "off_policy")], [0.5], off_policy_old_logp="without_tips")
     assert alg1[0].old_logp == [] and alg1[0].recorded_logp is None  # never sampled there: losses computes it
     (without,) = build_samples([episode("packed", "no_memory")], [0.5], branch_packing=False)
     assert without.old_logp == on[0].old_logp  # branch packing changes nothing in a packed episode
