@@ -271,7 +271,7 @@ def train(cfg: Config) -> dict:
             samples = make_samples(played, advantages, cfg, model)  # 7. samples
             old_stats = old_logprobs(model, reference, samples, chat.pad_id, cfg, accelerator)  # 8. (+ pi_ref's)
             update_metrics = update(model, optimizer, samples, cfg, accelerator, mode, chat.pad_id,
-                                    random.Random(seeds.update), sharded=launch.fsdp)  # 9. the update
+                                    random.Random(seeds.minibatches), sharded=launch.fsdp)  # 9. the update
 
             # ---- log, validate, checkpoint
             counts = {**tip_stats, "episodes_excluded": float(len(episodes) - len(played)), **credit}

@@ -280,7 +280,7 @@ class Seeds:
         return [derive_seed(self.seed, "episode", self.iteration, self.rank, j) for j in range(count)]
 
     @property
-    def update(self) -> int:
+    def minibatches(self) -> int:
         """The update's shuffle of every rank's samples, the same on every rank: rank 0's stream (from when each
         rank shuffled its own samples, so a one-process run keeps its mini-batches)."""
         return derive_seed(self.seed, "minibatches", self.iteration, 0)
