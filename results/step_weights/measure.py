@@ -71,12 +71,17 @@ def measure(n_ranks: int, per_rank: int, draw, iterations: int, minibatch_steps:
     return summary
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The arguments this script and results/update_plan/measure.py share."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--iterations", type=int, default=400)
     parser.add_argument("--minibatch_steps", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     results = []
     print("| ranks x episodes | lengths | before: short | before: long | before: min-max "
           "| after: short | after: long | after: min-max | steps per optimiser step |")

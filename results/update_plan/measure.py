@@ -15,7 +15,7 @@ bimodal = half 2-5 steps, half 30; uniform = 1-30. Writes summary.json next to t
 """
 from __future__ import annotations
 
-import argparse
+import importlib.util
 import json
 import random
 import sys
@@ -26,11 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from samples import plan_update, split_by_steps  # noqa: E402
 
+# The step-weights measurement's lengths and arguments (a script, not a package: loaded from its file).
+_spec = importlib.util.spec_from_file_location("step_weights_measure", Path(__file__).parents[1] / "step_weights"
+                                               / "measure.py")
+step_weights = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(step_weights)
+LENGTHS = step_weights.LENGTHS
 LAYOUTS = [(8, 16), (8, 4), (2, 64)]
-LENGTHS = {
-    "bimodal (2-5 or 30)": lambda rng: rng.randint(2, 5) if rng.random() < 0.5 else 30,
-    "uniform (1-30)": lambda rng: rng.randint(1, 30),
-}
 
 
 def episode(steps: int) -> SimpleNamespace:
@@ -83,11 +85,7 @@ def measure(n_ranks: int, per_rank: int, draw, iterations: int, minibatch_steps:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--iterations", type=int, default=400)
-    parser.add_argument("--minibatch_steps", type=int, default=128)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = step_weights.parse_args()
     rows = []
     print("| ranks x episodes | lengths | | steps per optimiser step (5th / 50th / 95th pct) | slowest rank / mean "
           "(mean, 95th pct) | no hand-out does better than |\n|---|---|---|---|---|---|")
