@@ -5,8 +5,8 @@ One iteration's rollout (docs/algorithm.md):
 * B task rows x N episodes run in lockstep: all live episodes go into ONE batched `generate` call per step (capped at
   `rollout.generation_batch_size`), then all environments step in threads; with `rollout.kv_reuse` each episode
   keeps its KV cache between turns and a step feeds only its new tokens (engine.generation.EpisodeCaches owns the
-  caches); an episode is a `Play` (environment, task, group, seed): with a seed it samples from its own streams
-  (`Episode.seed`), so its actions do not depend on the rest of the batch;
+  caches and makes each step's call); an episode is a `Play` (environment, task, group, seed): with a seed it
+  samples from its own streams (`Episode.seed`), so its actions do not depend on the rest of the batch;
 * in memory modes the tips retrieved for the current observation are appended to that step's user message as a
   `<tip>` block of the current turn only, the paper's pi(a | s_t, u, tips_t) (`Episode`'s "current_turn" layout;
   samples.py says which context each mode learns in);
@@ -303,7 +303,7 @@ def run_episodes(model, chat: ChatStream, plays: list[Play], *, mode: str, memor
     layout = "window" if cfg.history_window >= 0 else "current_turn" if use_tips else "packed"
     episodes = [Episode(task=p.task, group=p.group, mode=mode, layout=layout, seed=p.seed) for p in plays]
     envs = [p.env for p in plays]
-    caches = EpisodeCaches(model, chat.pad_id, len(plays), kv_reuse_enabled(model, cfg), cfg.generation_batch_size)
+    caches = EpisodeCaches(model, chat, len(plays), kv_reuse_enabled(model, cfg), cfg.generation_batch_size)
     prefix = chat.encode(cfg.action_prefix) if cfg.action_prefix else []  # in the context, never trained
     with ThreadPoolExecutor(max_workers=len(plays)) as pool:  # environments wait (a JVM, a web shop): threads
         observations = list(pool.map(lambda p: p.env.reset(p.task), plays))
@@ -319,14 +319,11 @@ def run_episodes(model, chat: ChatStream, plays: list[Play], *, mode: str, memor
                 break
             # ---- one batched generate call for every live episode
             logps: list = []  # behaviour log-probs of every sampled token: the update's old log-probs (samples.py)
-            taken = caches.take(live, [turns[i] for i in live])
-            actions = generate_actions(model, chat, [turns[i] for i in live], taken,
-                                       max_new_tokens=cfg.max_action_tokens, temperature=cfg.temperature,
-                                       top_p=cfg.top_p, batch_size=cfg.generation_batch_size,
-                                       seeds=row_seeds([episodes[i] for i in live], "step", step), logprobs=logps,
-                                       keep_caches=[cache_needed(episodes[i], envs[i], step, keep_caches)
-                                                    for i in live])
-            caches.put(live, taken)
+            actions = caches.generate(live, [turns[i] for i in live],
+                                      [cache_needed(episodes[i], envs[i], step, keep_caches) for i in live],
+                                      max_new_tokens=cfg.max_action_tokens, temperature=cfg.temperature,
+                                      top_p=cfg.top_p, seeds=row_seeds([episodes[i] for i in live], "step", step),
+                                      logprobs=logps)
             logps += [None] * (len(actions) - len(logps))  # nothing recorded (e.g. a scripted generator): recompute
             for i, action_ids, logp in zip(live, actions, logps):
                 episodes[i].add_action(action_ids, logp)

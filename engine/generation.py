@@ -270,37 +270,37 @@ def prefill(model, contexts: list[list[int]], pad_id: int, batch_size: int = 0) 
 
 
 class EpisodeCaches:
-    """The KV caches of a batch of episodes played turn by turn, one per episode (None: nothing cached), as
-    `generate` uses them (rollout.run_episodes; with rollout.kv_reuse, else every turn is encoded from scratch).
+    """The KV caches of a batch of episodes played turn by turn, one per episode (None: nothing cached), and the
+    one batched `generate` call of each turn (rollout.run_episodes; with rollout.kv_reuse, else every turn is
+    encoded from scratch).
 
-    `take(live, contexts)` hands the live rows' caches to the batch that consumes them: at the first turn each
-    distinct first message is prefilled once (`prefill`: a GRPO group's N episodes share one cache object), and a
-    row's entry is emptied as it is taken, so the keys/values exist about once. `put(live, taken)` takes back what
-    `generate` returned: each row's context + continuation, or None where it was told not to keep it. `drop(i)`
-    frees a finished episode's; `caches` is what is left at the end (`Episode.kv_cache`, for the tip)."""
+    `generate(live, contexts, keep, **sampling)` samples the live rows' actions. At the first turn each distinct
+    first message is prefilled once (`prefill`: a GRPO group's N episodes share one cache object). A row's cache is
+    emptied as the batch takes it over, so the keys/values exist about once, and comes back as the row's context +
+    continuation, or None where `keep` says no later call uses it. `drop(i)` frees a finished episode's; `caches` is
+    what is left at the end (`Episode.kv_cache`, for the tip)."""
 
-    def __init__(self, model, pad_id: int, rows: int, enabled: bool, batch_size: int = 0):
-        self.model, self.pad_id, self.enabled, self.batch_size = model, pad_id, enabled, batch_size
+    def __init__(self, model, chat: "ChatStream", rows: int, enabled: bool, batch_size: int = 0):
+        self.model, self.chat, self.enabled, self.batch_size = model, chat, enabled, batch_size
         self.caches: list[PrefixCache | None] = [None] * rows
         self.turns = 0
 
-    def take(self, live: list[int], contexts: list[list[int]]) -> list[PrefixCache | None] | None:
-        """The live rows' caches for one `generate` call (None without reuse: encode every context)."""
+    def generate(self, live: list[int], contexts: list[list[int]], keep: list[bool], **sampling) -> list[list[int]]:
+        """One `generate` call for rows `live` (their `contexts`); sampling: generate's keywords."""
         self.turns += 1
-        if not self.enabled:
-            return None
-        if self.turns == 1:  # the N episodes of a group share their first message: encode it once per group
-            for i, cache in zip(live, prefill(self.model, contexts, self.pad_id, self.batch_size)):
-                self.caches[i] = cache
-        taken = [self.caches[i] for i in live]
-        for i in live:
-            self.caches[i] = None  # generate() consumes each row's cache as the batch takes it over
-        return taken
-
-    def put(self, live: list[int], taken: list[PrefixCache | None] | None) -> None:
-        """Store what `generate` left in the taken list: each row's cache after its continuation (or None)."""
-        for i, cache in zip(live, taken or []):
+        taken = None  # without reuse: encode every context
+        if self.enabled:
+            if self.turns == 1:  # the N episodes of a group share their first message: encode it once per group
+                for i, cache in zip(live, prefill(self.model, contexts, self.chat.pad_id, self.batch_size)):
+                    self.caches[i] = cache
+            taken = [self.caches[i] for i in live]
+            for i in live:
+                self.caches[i] = None  # generate() consumes each row's cache as the batch takes it over
+        actions = generate(self.model, self.chat.pad_id, self.chat.eos_id, contexts, caches=taken, keep_caches=keep,
+                           batch_size=self.batch_size, **sampling)
+        for i, cache in zip(live, taken or []):  # what generate left: each row's cache after its continuation
             self.caches[i] = cache
+        return actions
 
     def drop(self, i: int) -> None:
         self.caches[i] = None

@@ -92,11 +92,11 @@ class ColoursEnv(Env):
 def played_with_tips(model, chat: ChatStream, cfg, monkeypatch) -> list[Episode]:
     """Two off-policy episodes of ColoursEnv through run_episodes, the tip retrieved at every step; the generator
     is scripted: episode 0 answers GOOD twice, episode 1 BAD twice."""
-    import rollout
+    from engine import generation
 
     scripted = [chat.encode(GOOD) + [chat.eos_id], chat.encode(BAD) + [chat.eos_id]]
-    monkeypatch.setattr(rollout, "generate_actions",
-                        lambda model, chat, contexts, caches=None, **kwargs: [list(a) for a in scripted])
+    monkeypatch.setattr(generation, "generate",
+                        lambda model, pad_id, eos_id, contexts, caches=None, **kwargs: [list(a) for a in scripted])
     memory = TipMemory(cfg.memory.capacity, cfg.memory.top_k)
     memory.add("colours/0", TIP[0])
     return run_episodes(model, chat, pair_up([ColoursEnv(), ColoursEnv()], [Task("colours", 0)] * 2),

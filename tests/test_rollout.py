@@ -14,6 +14,7 @@ import torch
 
 from config import IntrinsicConfig, MemoryConfig, RolloutConfig
 from envs.base import Task
+from engine import generation
 from losses import compute_old_logprobs, sequence_action_logprobs
 from advantages import counts_novelty, pay_novelty
 from memory import TipEntry, TipMemory, clean_tip, tip_block
@@ -154,17 +155,16 @@ def tip_free_conversation(tokenizer, env, actions: list[list[int]]) -> list[int]
 def play_recorded(monkeypatch, model, tokenizer, script, env_cls, mode, memory, n=2, max_steps=3):
     """`play`, recording what every generate call returned: actions[i] = the ids generated for episode i, straight
     from the generator. With `script` the k-th call returns script[k] for every row (a tokenizer without a model)."""
-    import rollout
 
-    calls, sample = [], rollout.generate_actions
+    calls, sample = [], generation.generate
 
-    def recorder(model, chat, contexts, caches=None, **kwargs):
-        out = (sample(model, chat, contexts, caches, **kwargs) if script is None
+    def recorder(model, pad_id, eos_id, contexts, caches=None, **kwargs):
+        out = (sample(model, pad_id, eos_id, contexts, caches=caches, **kwargs) if script is None
                else [list(script[len(calls)]) for _ in contexts])
         calls.append([list(ids) for ids in out])
         return out
 
-    monkeypatch.setattr(rollout, "generate_actions", recorder)
+    monkeypatch.setattr(generation, "generate", recorder)
     chat = ChatStream(tokenizer)
     envs = [env_cls(len(script) if script else max_steps) for _ in range(n)]
     torch.manual_seed(1)
@@ -405,7 +405,6 @@ def test_hostile_actions_never_crash_or_corrupt_the_stream(policy, rooms_env, mo
     invalid UTF-8 on their own, control characters, and 10k tokens without eos. The rollout plays them all, the
     environment receives text, and each stream is exactly first message + action ids (+ the closing eos) + next
     turn: nothing dropped, re-encoded or added."""
-    import rollout
 
     model, tokenizer = policy
     chat = ChatStream(tokenizer)
@@ -423,11 +422,11 @@ def test_hostile_actions_never_crash_or_corrupt_the_stream(policy, rooms_env, mo
     assert len(script[-1]) >= 10_000 and all(chat.eos_id not in ids[:-1] for ids in script)
     calls = []
 
-    def scripted(model, chat, contexts, caches=None, **kwargs):
+    def scripted(model, pad_id, eos_id, contexts, caches=None, **kwargs):
         calls.append(len(contexts))
         return [list(script[len(calls) - 1]) for _ in contexts]
 
-    monkeypatch.setattr(rollout, "generate_actions", scripted)
+    monkeypatch.setattr(generation, "generate", scripted)
     envs = [rooms_env(len(script)) for _ in range(2)]
     cfg = RolloutConfig(max_action_tokens=10_100, max_prompt_tokens=30_000, kv_reuse=False)
     eps = run_episodes(model, chat, pair_up(envs, [Task("rooms", 0)] * 2), mode="no_memory", memory=None, cfg=cfg)
@@ -471,7 +470,6 @@ def test_oracle_tips_are_stored_at_their_state_and_shown_only_there(monkeypatch,
     too early stores, at the state it pressed in, the tip naming the switch (quoting that command and no other);
     write_tips generates nothing. With memory.similarity=exact and tip_format=tip_only the next episode is shown
     exactly that sentence at that state and no tip elsewhere."""
-    import rollout
     from envs.sanity import SanityConfig, SanityEnv
 
     settings = SanityConfig(families=["lab"], switch=True, reward="success", num_distractors=1, max_steps=4)
@@ -481,7 +479,7 @@ def test_oracle_tips_are_stored_at_their_state_and_shown_only_there(monkeypatch,
     script = iter([f"connect the {colour} wire", f"press the {colour} button", "look around", "look around",
                    f"connect the {colour} wire", "flip the main switch", f"press the {colour} button",
                    f"focus on the {colour} lamp"])
-    monkeypatch.setattr(rollout, "generate_actions", lambda model, chat_, contexts, caches=None, **kw: [
+    monkeypatch.setattr(generation, "generate", lambda model, pad_id, eos_id, contexts, caches=None, **kw: [
         chat.encode(next(script)) for _ in contexts])
     cfg = RolloutConfig(max_action_tokens=16, max_prompt_tokens=4000, kv_reuse=False, tip_source="oracle",
                         tip_format="tip_only")
