@@ -52,6 +52,7 @@ def test_ranks_sample_their_own_episodes_yet_keep_identical_weights(tmp_path, ti
         assert [e["actions"] for e in played[i, 0]] != [e["actions"] for e in played[i, 1]]
     first, second = rows(out)
     assert first["mode"] == second["mode"] == "off_policy"
+    assert first["episodes"] == second["episodes"] == 4  # 2 task rows x 2 episodes, gathered from both ranks
     assert first["tips_retrieved"] == 0 and first["tips_written"] > 0  # an empty memory, then the first tips
     assert second["tips_retrieved"] > 0
     written = {e["tip"] for r in (0, 1) for e in played[1, r] if e["tip"]}

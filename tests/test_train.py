@@ -1,8 +1,6 @@
 """End-to-end training on CPU with real ScienceWorld and the real SmolLM2 policy: updates, metrics, memory,
-checkpoints, resume, non-finite guard, and a 2-process (gloo) run whose ranks stay identical."""
+checkpoints, resume, non-finite guard (2-process runs: test_resilience.py and test_distributed.py)."""
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +8,6 @@ import torch
 from safetensors.torch import load_file
 
 from config import load_config
-from conftest import clean_env, free_port
 from samples import Context, Sample
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,26 +109,6 @@ def test_nonfinite_loss_skips_the_update_and_keeps_weights(policy):
 def test_update_without_samples_takes_no_step(policy):
     metrics, unchanged = run_update(policy, [], minibatch_steps=1)
     assert metrics["optimizer_steps"] == 0 and metrics["skipped_updates"] == 0 and unchanged
-
-
-def test_two_processes_keep_identical_weights_and_memory(tmp_path):
-    env = clean_env()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           "train.py", "--config", QUICKSTART, *TINY, f"--output_dir={tmp_path}",
-           "--train.iterations=1", "--rollout.tasks_per_iteration=2", "--train.eval_every=0",
-           "--train.tensorboard=false"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = json.loads((tmp_path / "ranks.json").read_text())
-    assert ranks["world_size"] == 2
-    assert ranks["weights_sha256"][0] == ranks["weights_sha256"][1]
-    assert ranks["memory_sha256"][0] == ranks["memory_sha256"][1]
-    memory = json.loads((tmp_path / "checkpoints" / "iter_000001" / "memory.json").read_text())
-    keys = {key for key, slot in memory["entries"].items() if slot}
-    assert len(keys) >= 1 and sum(len(s) for s in memory["entries"].values()) > 0
-    row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
-    assert row["episodes"] == 4  # 2 task rows x 2 episodes, gathered from both ranks
-
 
 
 @pytest.mark.slow
