@@ -280,7 +280,7 @@ class EpisodeCaches:
     continuation, or None where `keep` says no later call uses it. `drop(i)` frees a finished episode's; `caches` is
     what is left at the end (`Episode.kv_cache`, for the tip)."""
 
-    def __init__(self, model, chat: "ChatStream", rows: int, enabled: bool, batch_size: int = 0):
+    def __init__(self, model, chat: ChatStream, rows: int, enabled: bool, batch_size: int = 0):
         self.model, self.chat, self.enabled, self.batch_size = model, chat, enabled, batch_size
         self.caches: list[PrefixCache | None] = [None] * rows
         self.turns = 0
