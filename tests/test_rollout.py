@@ -155,7 +155,6 @@ def tip_free_conversation(tokenizer, env, actions: list[list[int]]) -> list[int]
 def play_recorded(monkeypatch, model, tokenizer, script, env_cls, mode, memory, n=2, max_steps=3):
     """`play`, recording what every generate call returned: actions[i] = the ids generated for episode i, straight
     from the generator. With `script` the k-th call returns script[k] for every row (a tokenizer without a model)."""
-
     calls, sample = [], generation.generate
 
     def recorder(model, pad_id, eos_id, contexts, caches=None, **kwargs):
@@ -405,7 +404,6 @@ def test_hostile_actions_never_crash_or_corrupt_the_stream(policy, rooms_env, mo
     invalid UTF-8 on their own, control characters, and 10k tokens without eos. The rollout plays them all, the
     environment receives text, and each stream is exactly first message + action ids (+ the closing eos) + next
     turn: nothing dropped, re-encoded or added."""
-
     model, tokenizer = policy
     chat = ChatStream(tokenizer)
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
