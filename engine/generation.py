@@ -286,7 +286,7 @@ class EpisodeCaches:
         self.turns = 0
 
     def generate(self, live: list[int], contexts: list[list[int]], keep: list[bool], **sampling) -> list[list[int]]:
-        """One `generate` call for rows `live` (their `contexts`); sampling: generate's keywords."""
+        """One `generate` call for rows `live` (their `contexts`); sampling: generate's other keywords."""
         self.turns += 1
         taken = None  # without reuse: encode every context
         if self.enabled:

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from config import IntrinsicConfig, MemoryConfig, RolloutConfig
-from envs.base import Task
 from engine import generation
+from envs.base import Task
 from losses import compute_old_logprobs, sequence_action_logprobs
 from advantages import counts_novelty, pay_novelty
 from memory import TipEntry, TipMemory, clean_tip, tip_block

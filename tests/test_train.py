@@ -1,6 +1,8 @@
 """End-to-end training on CPU with real ScienceWorld and the real SmolLM2 policy: updates, metrics, memory,
-checkpoints, resume, non-finite guard (2-process runs: test_resilience.py and test_distributed.py)."""
+checkpoints, resume, non-finite guard, and a 2-process (gloo) run on ScienceWorld whose ranks stay identical."""
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -8,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from config import load_config
+from conftest import clean_env, free_port
 from samples import Context, Sample
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,6 +33,28 @@ METRIC_KEYS = {"iteration", "mode", "return_mean", "return_std", "success_rate",
 def adapter_weights(run: Path, iteration: int) -> dict:
     folder = run / "checkpoints" / f"iter_{iteration:06d}" / "model"
     return load_file(str(folder / "adapter_model.safetensors"))
+
+
+def test_two_processes_on_scienceworld_keep_identical_weights_and_memory(tmp_path, tiny_folder):
+    """The quickstart on 2 gloo ranks, each with its own ScienceWorld JVM and both reading one demo cache: the ranks
+    end with identical weights and memory, the checkpoint holds the tips, and the log counts both ranks' episodes. A
+    tiny random Qwen2 keeps it to seconds (test_resilience.py checks the sampling and the tips across ranks)."""
+    env = clean_env()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           "train.py", "--config", QUICKSTART, *TINY, f"--model.name_or_path={tiny_folder}", f"--output_dir={tmp_path}",
+           "--train.iterations=1", "--rollout.tasks_per_iteration=2", "--train.eval_every=0",
+           "--train.tensorboard=false"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = json.loads((tmp_path / "ranks.json").read_text())
+    assert ranks["world_size"] == 2
+    assert ranks["weights_sha256"][0] == ranks["weights_sha256"][1]
+    assert ranks["memory_sha256"][0] == ranks["memory_sha256"][1]
+    memory = json.loads((tmp_path / "checkpoints" / "iter_000001" / "memory.json").read_text())
+    keys = {key for key, slot in memory["entries"].items() if slot}
+    assert len(keys) >= 1 and sum(len(s) for s in memory["entries"].values()) > 0
+    row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["episodes"] == 4  # 2 task rows x 2 episodes, gathered from both ranks
 
 
 @pytest.fixture(scope="module")

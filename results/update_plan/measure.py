@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from samples import plan_update, split_by_steps  # noqa: E402
 
 # The step-weights measurement's lengths and arguments (a script, not a package: loaded from its file).
-_spec = importlib.util.spec_from_file_location("step_weights_measure", Path(__file__).parents[1] / "step_weights"
-                                               / "measure.py")
+_spec = importlib.util.spec_from_file_location(
+    "step_weights_measure", Path(__file__).resolve().parents[1] / "step_weights" / "measure.py")
 step_weights = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(step_weights)
 LENGTHS = step_weights.LENGTHS
