@@ -429,5 +429,20 @@ def test_the_switch_analysis_pairs_seeds_and_checks_validity_by_hand(tmp_path, m
     assert checks["off_policy_signal"]["mixed_groups"] == 0.5 and checks["off_policy_signal"]["passed"]
     table = compare.summary_markdown(summary)
     assert "| final_success | empo2_oracle − grpo | 3 | +33.3 pp |" in table and "(3.0x): **FAIL**" in table
+    assert "registered in docs/LOG.md" in table and "(8 episodes each" in table
+    assert table.index("## Registered analysis") < table.index("## Diagnostics") < table.index("final validation return")
     compare.plot(tmp_path, summary)
     assert (tmp_path / "compare.png").stat().st_size > 0
+
+
+def test_iteration_cost_is_the_median_per_mode_weighted_by_how_often_each_mode_ran():
+    rows = [{"mode": "no_memory", "time_rollout": t, "time_tips": 0.0, "time_update": 10.0} for t in (10, 20, 900)]
+    rows += [{"mode": "off_policy", "time_rollout": 20.0, "time_tips": 1.0, "time_update": 9.0}]
+    rows += [{"mode": "no_memory", "iteration": 0}]  # an untimed record (iteration 0's validation) counts nowhere
+    cost = compare.iteration_seconds(rows)
+    # no memory: 20, 30, 910 -> median 30 (the paused 910 does not move it); off-policy 30; weighted (3*30 + 30) / 4
+    assert cost["median"] == {"no_memory": 30.0, "on_policy_tips": None, "off_policy": 30.0}
+    assert cost["iterations"] == {"no_memory": 3, "on_policy_tips": 0, "off_policy": 1}
+    assert cost["weighted_vs_no_memory"] == pytest.approx(1.0)
+    rows[3]["time_update"] = 49.0  # off-policy 70 s: (3 * 30 + 70) / 4 / 30 = 160 / 120
+    assert compare.iteration_seconds(rows)["weighted_vs_no_memory"] == pytest.approx(4 / 3)

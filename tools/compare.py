@@ -123,6 +123,7 @@ ARMS.update({
 SETTING_ARMS = {name: ["grpo", "empo2", "empo2_no_off_policy", "empo2_env_tips"] for name in SETTINGS}
 SETTING_ARMS["switch_oracle"] = ["grpo", "grpo_novelty", "empo2_oracle", "empo2_oracle_no_off",  # primary, 6 seeds
                                  "empo2_oracle_alg1", "empo2_policy"]  # secondary, 3 seeds
+REGISTERED_IN = {"switch_oracle": "docs/LOG.md"}  # where a setting was registered (docs/sanity.md where not listed)
 PRIMARY_CONTRASTS = {"switch_oracle": [("empo2_oracle", "grpo"), ("empo2_oracle", "grpo_novelty"),
                                        ("empo2_oracle", "empo2_oracle_no_off")]}
 TIP_ROUNDS = 3  # `tips`: rounds with the base model's own tips after the no-memory round
@@ -520,6 +521,21 @@ UPDATE_METRICS = ("clip_frac", "masked_frac", "approx_kl", "grad_norm", "entropy
                   "pos_adv_masked_frac")
 
 
+def iteration_seconds(rows: list[dict]) -> dict:
+    """Per mode, the median seconds of a training iteration (rollout + tips + update, validation left out) over the
+    pooled iterations `rows` (metrics.jsonl records): a median, so the iterations a pause (the grid is SIGSTOPped while
+    tests run) stretched do not move it. `weighted_vs_no_memory`: the mode medians weighted by how often each mode ran,
+    over the no-memory median (the project's budget: <= 1.15x)."""
+    timed = [r for r in rows if "time_update" in r]
+    per_mode = {mode: [r["time_rollout"] + r["time_tips"] + r["time_update"] for r in timed if r["mode"] == mode]
+                for mode in MODES}
+    medians = {mode: float(np.median(t)) if t else None for mode, t in per_mode.items()}
+    ratio = None
+    if timed and medians["no_memory"]:
+        ratio = sum(len(t) * medians[m] for m, t in per_mode.items() if t) / len(timed) / medians["no_memory"]
+    return {"median": medians, "iterations": {m: len(t) for m, t in per_mode.items()}, "weighted_vs_no_memory": ratio}
+
+
 def update_statistics(rows: list[dict]) -> dict[str, dict]:
     """What the objective did with each mode's iterations, pooled over the metrics.jsonl `rows` of an arm's runs: the
     mean over iterations of the share of action tokens whose importance ratio was clipped, the share dropped by
@@ -572,6 +588,7 @@ def summarise(out: Path, seeds: list[int]) -> dict:
             # metrics.jsonl's tips_retrieved is already a mean over the iteration's steps
             "tips_retrieved_per_step": float(np.mean([r["tips_retrieved"] for run in rows for r in run
                                                       if r["mode"] != "no_memory"] or [0.0])),
+            "iteration_seconds": iteration_seconds([r for run in rows for r in run]),
             "wall_seconds": [json.loads((out / "runs" / f"{arm}_s{s}" / "done.json").read_text())["wall_seconds"]
                              for s in arm_seeds],
         }
@@ -703,14 +720,23 @@ def validity_checks(out: Path, result: dict) -> dict:
 def contrasts_markdown(summary: dict) -> list[str]:
     """The registered analysis's tables: paired contrasts and validity checks (a setting with PRIMARY_CONTRASTS)."""
     pct = lambda v: "-" if v is None else f"{100 * v:.1f} %"  # noqa: E731
+    secs = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
     lines = ["", "## Registered analysis", "", "Validation success (tip-free, held-out variations): per arm, "
-             "mean ± s.e. over seeds; iteration 0 = the seed's warm-up.", "",
-             "| arm | seeds | final success | area under the curve | wall per run |", "|---|---|---|---|---|"]
+             "mean ± s.e. over seeds; iteration 0 = the seed's warm-up. Cost: the median seconds of a training "
+             "iteration per mode (validation left out; a median, so iterations stretched by a pause of the grid do "
+             "not move it), and the mode medians weighted by how often each mode ran, over the no-memory median. "
+             "Wall per run: done.json, mean over seeds, including the grid's pauses (the cost to compare is the "
+             "median).", "",
+             "| arm | seeds | final success | area under the curve | s / iteration: no memory / tips / off-policy | "
+             "cost vs no memory | wall per run |", "|---|---|---|---|---|---|---|"]
     for arm, row in summary["arms"].items():
         if "final_success" in row:
             (fm, fs), (am, as_) = mean_se(row["final_success"]), mean_se(row["auc_success"])
+            cost = row.get("iteration_seconds", {"median": {}, "weighted_vs_no_memory": None})
+            ratio = cost["weighted_vs_no_memory"]
             lines.append(f"| {arm} | {len(row['seeds'])} | {100 * fm:.1f} ± {100 * fs:.1f} % | {100 * am:.1f} ± "
-                         f"{100 * as_:.1f} % | {np.mean(row['wall_seconds']) / 60:.1f} min |")
+                         f"{100 * as_:.1f} % | " + " / ".join(secs(cost["median"].get(m)) for m in MODES) + " | "
+                         + ("-" if ratio is None else f"{ratio:.2f}x") + f" | {np.mean(row['wall_seconds']) / 60:.1f} min |")
     lines += ["", "Primary contrasts, paired by seed (95 % bootstrap CI of the mean difference, 10,000 resamples; "
               "exact sign-flip p; Holm over the contrasts present):", "",
               "| metric | contrast | seeds | difference | 95 % CI | sign-flip p | Holm p |", "|---|---|---|---|---|---|---|"]
@@ -745,14 +771,20 @@ def setting_name(arguments: list[str]) -> str:
 
 def summary_markdown(summary: dict) -> str:
     name = summary.get("setting_name") or setting_name(summary["setting"])
-    start = ("the model after its seed's format warm-up (tools/warmup.py " + " ".join(summary["warmup"]) + "), before RL; "
-             "\"untrained\" below means this model" if summary.get("warmup") else "the untrained model")
-    lines = [f"# EMPO² vs GRPO on the sanity environment (setting `{name}`, registered in docs/sanity.md)", "",
-             "Validation = no-memory return on the 8 held-out test variations (4 episodes each, temperature 0.4); "
-             f"iteration 0 = {start}. Mean ± standard error over seeds.", "",
-             "| arm | seeds | final validation return | area under the curve (mean return) | training return "
-             "per mode: no memory / on-policy tips / off-policy (iterations) | tips per memory step | wall per run |",
-             "|---|---|---|---|---|---|---|"]
+    warmup = summary.get("warmup") or []
+    kind = "tip-reading" if any(a.startswith("--tip_share") for a in warmup) else "format"
+    start = (f"the model after its seed's {kind} warm-up (tools/warmup.py " + " ".join(warmup) + "), before RL; "
+             "\"untrained\" below means this model" if warmup else "the untrained model")
+    episodes = [a.split("=", 1)[1] for a in summary["setting"] if a.startswith("--train.eval_episodes_per_task=")]
+    lines = [f"# EMPO² vs GRPO on the sanity environment (setting `{name}`, registered in "
+             f"{REGISTERED_IN.get(name, 'docs/sanity.md')})", "",
+             f"Validation = no-memory return on the 8 held-out test variations ({episodes[-1] if episodes else 4} "
+             f"episodes each, temperature 0.4); iteration 0 = {start}. Mean ± standard error over seeds.", ""]
+    if "contrasts" in summary:  # the registered analysis first; the tables of the earlier settings' summary after it
+        lines += contrasts_markdown(summary)[1:] + ["", "## Diagnostics (not registered for this setting)", ""]
+    lines += ["| arm | seeds | final validation return | area under the curve (mean return) | training return "
+              "per mode: no memory / on-policy tips / off-policy (iterations) | tips per memory step | wall per run |",
+              "|---|---|---|---|---|---|---|"]
     for arm, row in summary["arms"].items():
         (fm, fs), (am, as_) = mean_se(row["final"]), mean_se(row["auc"])
         modes = " / ".join("-" if m["return_mean"] is None else f"{m['return_mean']:.1f} ({m['iterations']})"
@@ -866,8 +898,6 @@ def summary_markdown(summary: dict) -> str:
         cells = [("%.1f ± %.1f %%" % tuple(100 * v for v in mean_se(row["val_success"][str(it)])))
                  if str(it) in row.get("val_success", {}) else "-" for row in summary["arms"].values()]
         lines.append(f"| {it} | " + " | ".join(cells) + " |")
-    if "contrasts" in summary:
-        lines += contrasts_markdown(summary)
     lines += ["", "Setting (every arm): `" + " ".join(summary["setting"]) + "`; each run's exact command is in "
               "runs/<arm>_s<seed>/command.txt.", ""]
     return "\n".join(lines)
@@ -891,8 +921,11 @@ def plot(out: Path, summary: dict) -> None:
             rate = 100 * np.array([mean_se(row["val_success"][str(i)]) for i in logged])
             middle.plot(logged, rate[:, 0], "-o", ms=3, c=colour, label=arm)
             middle.fill_between(logged, rate[:, 0] - rate[:, 1], rate[:, 0] + rate[:, 1], color=colour, alpha=0.2)
+            for k in range(len(row["seeds"])):  # each seed, dashed: a mean can hide one seed that learned
+                middle.plot(logged, [100 * row["val_success"][str(i)][k] for i in logged], "--", lw=0.9, c=colour,
+                            alpha=0.6)
     middle.set(xlabel="training iteration", ylabel="validation success rate (%)",
-               title="solved held-out episodes, mean ± s.e.")
+               title="solved held-out episodes, mean ± s.e. (dashed: each seed)")
     left.set(xlabel="training iteration", ylabel="validation return (no memory)",
              title=f"{summary.get('setting_name') or setting_name(summary['setting'])}: held-out variations, "
                    "mean ± s.e. over seeds")
