@@ -121,7 +121,7 @@ ARMS.update({
     "empo2_policy": ("configs/sanity_empo2.yaml", ["--rollout.tip_format=tip_only", "--memory.top_k=3"]),
 })
 SETTING_ARMS = {name: ["grpo", "empo2", "empo2_no_off_policy", "empo2_env_tips"] for name in SETTINGS}
-SETTING_ARMS["switch_oracle"] = ["grpo", "grpo_novelty", "empo2_oracle", "empo2_oracle_no_off",  # primary, 6 seeds
+SETTING_ARMS["switch_oracle"] = ["grpo", "grpo_novelty", "empo2_oracle", "empo2_oracle_no_off",  # primary, 8 seeds
                                  "empo2_oracle_alg1", "empo2_policy"]  # secondary, 3 seeds
 REGISTERED_IN = {"switch_oracle": "docs/LOG.md"}  # where a setting was registered (docs/sanity.md where not listed)
 PRIMARY_CONTRASTS = {"switch_oracle": [("empo2_oracle", "grpo"), ("empo2_oracle", "grpo_novelty"),
