@@ -273,9 +273,11 @@ def train_run(out: Path, arm: str, seed: int, extra: list[str]) -> None:
                                                "omp_num_threads": THREADS}))
 
 
-def validation_episodes_per_task() -> int:
-    """The setting's train.eval_episodes_per_task (4 where it does not say): iteration 0 is measured as the rest."""
-    given = [a.split("=", 1)[1] for a in SETTING if a.startswith("--train.eval_episodes_per_task=")]
+def validation_episodes_per_task(setting: list[str] | None = None) -> int:
+    """The setting's train.eval_episodes_per_task (4 where it does not say): iteration 0 is measured as the rest.
+    `setting`: its arguments (default: the setting in use)."""
+    given = [a.split("=", 1)[1] for a in (SETTING if setting is None else setting)
+             if a.startswith("--train.eval_episodes_per_task=")]
     return int(given[-1]) if given else 4
 
 
@@ -732,10 +734,10 @@ def contrasts_markdown(summary: dict) -> list[str]:
     for arm, row in summary["arms"].items():
         if "final_success" in row:
             (fm, fs), (am, as_) = mean_se(row["final_success"]), mean_se(row["auc_success"])
-            cost = row.get("iteration_seconds", {"median": {}, "weighted_vs_no_memory": None})
+            cost = row["iteration_seconds"]
             ratio = cost["weighted_vs_no_memory"]
             lines.append(f"| {arm} | {len(row['seeds'])} | {100 * fm:.1f} ± {100 * fs:.1f} % | {100 * am:.1f} ± "
-                         f"{100 * as_:.1f} % | " + " / ".join(secs(cost["median"].get(m)) for m in MODES) + " | "
+                         f"{100 * as_:.1f} % | " + " / ".join(secs(cost["median"][m]) for m in MODES) + " | "
                          + ("-" if ratio is None else f"{ratio:.2f}x") + f" | {np.mean(row['wall_seconds']) / 60:.1f} min |")
     lines += ["", "Primary contrasts, paired by seed (95 % bootstrap CI of the mean difference, 10,000 resamples; "
               "exact sign-flip p; Holm over the contrasts present):", "",
@@ -775,10 +777,9 @@ def summary_markdown(summary: dict) -> str:
     kind = "tip-reading" if any(a.startswith("--tip_share") for a in warmup) else "format"
     start = (f"the model after its seed's {kind} warm-up (tools/warmup.py " + " ".join(warmup) + "), before RL; "
              "\"untrained\" below means this model" if warmup else "the untrained model")
-    episodes = [a.split("=", 1)[1] for a in summary["setting"] if a.startswith("--train.eval_episodes_per_task=")]
     lines = [f"# EMPO² vs GRPO on the sanity environment (setting `{name}`, registered in "
              f"{REGISTERED_IN.get(name, 'docs/sanity.md')})", "",
-             f"Validation = no-memory return on the 8 held-out test variations ({episodes[-1] if episodes else 4} "
+             f"Validation = no-memory return on the 8 held-out test variations ({validation_episodes_per_task(summary['setting'])} "
              f"episodes each, temperature 0.4); iteration 0 = {start}. Mean ± standard error over seeds.", ""]
     if "contrasts" in summary:  # the registered analysis first; the tables of the earlier settings' summary after it
         lines += contrasts_markdown(summary)[1:] + ["", "## Diagnostics (not registered for this setting)", ""]
