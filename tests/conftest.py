@@ -8,11 +8,20 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+THREADS = max(1, min(2, os.cpu_count() or 1))
+torch.set_num_threads(THREADS)
 
 from envs.base import Env, Task
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def suite_threads():
+    """Every test starts at the suite's torch thread count: an in-process train() or warm-up sets the process's
+    count (train.torch_threads, often 1), which otherwise leaks into every later test, making its speed (1 thread
+    generates ~1.4x slower here) and its sampled numbers depend on which tests ran before it."""
+    torch.set_num_threads(THREADS)
 
 
 def free_port() -> int:
