@@ -1,5 +1,7 @@
 """End-to-end training on CPU with real ScienceWorld and the real SmolLM2 policy: updates, metrics, memory,
 checkpoints, resume, non-finite guard, and a 2-process (gloo) run on ScienceWorld whose ranks stay identical."""
+import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -59,17 +61,24 @@ def test_two_processes_on_scienceworld_keep_identical_weights_and_memory(tmp_pat
 
 @pytest.fixture(scope="module")
 def two_iterations(tmp_path_factory):
+    """Iteration 1, stopped at its checkpoint, then `--resume=latest` to iteration 2 (with a validation): one run
+    on the real stack that trains, writes everything and resumes, so iteration 2 can only see iteration 1's tips
+    if the memory came back from the checkpoint."""
     from train import train
 
     out = tmp_path_factory.mktemp("run")
-    cfg = load_config(QUICKSTART, TINY + [f"--output_dir={out}", "--train.iterations=2",
-                                                         "--train.save_every=1", "--train.eval_every=2"])
-    train(cfg)
-    return out
+    train(load_config(QUICKSTART, TINY + [f"--output_dir={out}", "--train.iterations=1", "--train.save_every=1",
+                                          "--train.eval_every=0"]))
+    first = (out / "metrics.jsonl").read_text()
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):
+        train(load_config(QUICKSTART, TINY + [f"--output_dir={out}", "--train.iterations=2", "--train.save_every=1",
+                                              "--train.eval_every=2", "--resume=latest"]))
+    return out, first, log.getvalue()
 
 
 def test_two_iterations_train_and_write_everything(two_iterations):
-    out = two_iterations
+    out, _, _ = two_iterations
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [1, 2] and all(r["mode"] == "off_policy" for r in rows)
     assert METRIC_KEYS <= set(rows[0]), METRIC_KEYS - set(rows[0])
@@ -91,16 +100,13 @@ def test_two_iterations_train_and_write_everything(two_iterations):
 
 
 def test_resume_continues_at_the_next_iteration(two_iterations):
-    from train import train
-
-    out = two_iterations
-    cfg = load_config(QUICKSTART, TINY + [f"--output_dir={out}", "--train.iterations=3",
-                                                         "--train.eval_every=0", "--resume=latest"])
-    train(cfg)
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["iteration"] for r in rows] == [1, 2, 3]
-    assert rows[2]["memory_size"] >= rows[1]["memory_size"]  # memory came back from the checkpoint
-    assert (out / "checkpoints" / "iter_000003").is_dir()
+    out, first, log = two_iterations
+    assert "continuing at iteration 2" in log
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["iteration"] for line in lines] == [1, 2]
+    assert lines[0] + "\n" == first  # the resumed run appends; iteration 1's row stays as written
+    memory = json.loads((out / "checkpoints" / "iter_000001" / "memory.json").read_text())
+    assert json.loads(lines[1])["memory_size"] >= sum(len(slot) for slot in memory["entries"].values()) > 0
 
 
 def run_update(policy, samples, minibatch_steps):
