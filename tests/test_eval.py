@@ -105,11 +105,19 @@ def eval_run(tmp_path, model_folder, name, *extra, processes=1, env=None):
     return result, (out / "eval.md").read_text()
 
 
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory, tiny_folder):
+    """The sanity config's evaluation of the tiny model, its 6 cases in one generation batch: the episodes other
+    routes (a case file at other batch sizes, --ood's step 0, a hub id) must reproduce."""
+    return eval_run(tmp_path_factory.mktemp("eval"), tiny_folder, "plain")
+
+
 @pytest.mark.slow
-def test_the_same_cases_give_the_same_episodes_at_any_batch_size_and_process_count(tmp_path, tiny_folder):
-    """6 cases (3 test variations x 2 repeats), sampled at temperature 0.4: one process with 1 environment and
-    generation batch 1, one process with 4 and 4, and 2 processes (cases sharded and gathered) play the same
-    actions and get the same per-case results; the tables are identical."""
+def test_the_same_cases_give_the_same_episodes_at_any_batch_size_and_process_count(tmp_path, tiny_folder, plain):
+    """6 cases (3 test variations x 2 repeats), sampled at temperature 0.4: the cases written to a file and played
+    by one process with 1 environment and generation batch 1 and by 2 processes (cases sharded and gathered), and
+    the config's own cases played in one batch of 6, give the same actions and per-case results; the tables are
+    identical."""
     written = subprocess.run([sys.executable, "eval.py", "--config", SANITY, "--env.sanity.test_variations=3",
                               "--episodes_per_task=2", f"--write_cases={tmp_path / 'cases.jsonl'}"],
                              cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=120)
@@ -117,9 +125,7 @@ def test_the_same_cases_give_the_same_episodes_at_any_batch_size_and_process_cou
     one, table_one = eval_run(tmp_path, tiny_folder, "b1", "--rollout.tasks_per_iteration=1",
                               "--rollout.group_size=1", "--rollout.generation_batch_size=1",
                               f"--cases={tmp_path / 'cases.jsonl'}")
-    four, table_four = eval_run(tmp_path, tiny_folder, "b4", "--rollout.tasks_per_iteration=1",
-                                "--rollout.group_size=4", "--rollout.generation_batch_size=4",
-                                f"--cases={tmp_path / 'cases.jsonl'}")
+    four, table_four = plain  # the same cases from the config, all 6 in one batch
     two, table_two = eval_run(tmp_path, tiny_folder, "p2", "--rollout.tasks_per_iteration=2",
                               "--rollout.group_size=2", f"--cases={tmp_path / 'cases.jsonl'}", processes=2)
     assert len(one["episode_results"]) == 6 and len({json.dumps(r["actions"]) for r in one["episode_results"]}) > 1
@@ -159,10 +165,11 @@ def test_a_checkpoint_copied_elsewhere_with_its_base_model_moved_still_evaluates
 
 
 @pytest.mark.slow
-def test_ood_adaptation_is_the_evaluation_then_steps_with_memory_at_any_process_count(tmp_path, tiny_folder):
+def test_ood_adaptation_is_the_evaluation_then_steps_with_memory_at_any_process_count(tmp_path, tiny_folder,
+                                                                                     plain):
     """--ood=2: step 0 is exactly the no-memory evaluation of the same cases; steps 1-2 retrieve the tips written
     after the earlier steps; 1 and 2 processes give the same episodes, memory sizes and tables."""
-    plain, _ = eval_run(tmp_path, tiny_folder, "plain")
+    plain, _ = plain
     one, table = eval_run(tmp_path, tiny_folder, "ood1", "--ood=2")
     two, table_two = eval_run(tmp_path, tiny_folder, "ood2", "--ood=2", "--rollout.tasks_per_iteration=2",
                               processes=2)
@@ -185,14 +192,14 @@ def test_ood_adaptation_is_the_evaluation_then_steps_with_memory_at_any_process_
 
 
 @pytest.mark.slow
-def test_a_hub_id_resolves_from_the_local_hub_cache(tmp_path, tiny_folder):
+def test_a_hub_id_resolves_from_the_local_hub_cache(tmp_path, tiny_folder, plain):
     """A user's `--model.name_or_path=Org/Name` loads from the Hugging Face cache (offline here): the same
     episodes as the folder itself."""
     snapshot = tmp_path / "hub" / "models--tiny-org--tiny-qwen2" / "snapshots" / ("0" * 40)
     shutil.copytree(tiny_folder, snapshot)
     (snapshot.parents[1] / "refs").mkdir()
     (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
-    by_folder, _ = eval_run(tmp_path, tiny_folder, "folder")
+    by_folder, _ = plain
     by_id, table = eval_run(tmp_path, "tiny-org/tiny-qwen2", "hub", env={"HF_HUB_CACHE": str(tmp_path / "hub")})
     assert by_id["episode_results"] == by_folder["episode_results"] and by_id["model"] == "tiny-org/tiny-qwen2"
 

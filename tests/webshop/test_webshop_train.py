@@ -21,7 +21,7 @@ def test_one_webshop_iteration(tmp_path):
     from train import train
 
     cfg = load_config(str(CONFIG), TINY_MODEL + [
-        f"--output_dir={tmp_path}", "--train.iterations=1", "--train.eval_every=0", "--train.torch_threads=1",
+        f"--output_dir={tmp_path}", "--train.iterations=1", "--train.eval_every=0",
         "--train.minibatch_steps=10000", "--train.micro_batch_size=1", "--train.tensorboard=false",
         "--rollout.tasks_per_iteration=1", "--rollout.group_size=3", "--rollout.max_action_tokens=24",
         "--rollout.tip_max_tokens=16", "--env.webshop.max_steps=2", "--loss.gigpo_weight=1.0",
