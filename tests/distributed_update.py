@@ -7,6 +7,7 @@ reference; run by tests/test_distributed.py, which compares them.
     torchrun --nproc_per_node 2 tests/distributed_update.py fsdp_nan OUT.pt   (rank 1 has a NaN loss; one mini-batch)
     torchrun --nproc_per_node 2 tests/distributed_update.py dp_episode OUT.pt (every episode weighs 1)
     python tests/distributed_update.py reference OUT.pt   (the reference's per-step samples, by hand)
+    torchrun --nproc_per_node 2 tests/distributed_update.py dp,fsdp DIR     (several modes, one launch: DIR/<mode>.pt)
 
 Six packed "episodes" of very different lengths (1 to 9 actions of 1-4 tokens, advantages of both signs): in 2
 processes rank 0 holds episodes of [1, 8, 1, 1] steps and rank 1 of [1, 9]. train.minibatch_steps = 10 cuts the 21
@@ -173,15 +174,28 @@ def reference_update(per_minibatch: bool = False) -> dict:
             "minibatch_steps": [sum(len(EPISODES[e][1]) for e in b) for b in batches]}
 
 
-def main(mode: str, out_file: str) -> None:
+def main(modes: str, out: str) -> None:
+    """Each of the comma-separated `modes` in turn, in this launch (one process group, a fresh model per mode):
+    into `out`, or for several modes into out/<mode>.pt."""
     torch.set_num_threads(1)
-    if mode == "reference":
-        torch.save({"equal": reference_update(), "per_minibatch": reference_update(per_minibatch=True)}, out_file)
-        return
+    names = modes.split(",")
+    files = [out] if len(names) == 1 else [str(Path(out) / f"{mode}.pt") for mode in names]
+    accelerator = None
+    for mode, out_file in zip(names, files):
+        if mode == "reference":
+            torch.save({"equal": reference_update(), "per_minibatch": reference_update(per_minibatch=True)}, out_file)
+            continue
+        accelerator = accelerator or make_accelerator()
+        update_once(mode, out_file, accelerator)
+    if accelerator is not None:
+        leave(accelerator, files[-1])
+
+
+def update_once(mode: str, out_file: str, accelerator) -> None:
+    """One `train.update` of a fresh tiny model over this rank's samples, saved (rank 0) to `out_file`."""
     model = tiny_model()
     for p in model.parameters():
         p.requires_grad_(True)
-    accelerator = make_accelerator()
     if mode.startswith("fsdp"):
         shard_model(model, torch.float32, Launch(fsdp=True))
     mine = samples()
@@ -216,7 +230,6 @@ def main(mode: str, out_file: str) -> None:
     if accelerator.is_main_process:
         torch.save({"weights": state, "grads": grads, "metrics": metrics, "padding_passes": padding,
                     "skipped": skipped, "loss": loss, "shares": shares}, out_file)
-    leave(accelerator, out_file)
 
 
 def trace_minibatches(model, optimizer) -> list[list[int]]:

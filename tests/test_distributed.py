@@ -33,17 +33,18 @@ def run(cmd: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def updates(tmp_path_factory):
+    """Every mode of tests/distributed_update.py: the 1-process ones in one process, the 2-process ones in one
+    launch (each mode on a fresh model; launches cost seconds each)."""
     out = tmp_path_factory.mktemp("updates")
-    results = {}
-    for mode in ("reference", "single", "dp", "fsdp", "fsdp_nan", "dp_episode"):
-        file = out / f"{mode}.pt"
-        launcher = [sys.executable] if mode in ("single", "reference") else [
-            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}"]
-        proc = run(launcher + [SCRIPT, mode, str(file)])
-        finished = [rank for rank in (0, 1) if Path(f"{file}.rank{rank}.done").exists()]
-        assert proc.returncode == 0, f"{mode}: ranks that finished their work: {finished}\n{proc.stderr[-6000:]}"
-        results[mode] = torch.load(file, weights_only=False)
-    return results
+    for modes, launcher in [("reference,single", [sys.executable]),
+                            ("dp,fsdp,fsdp_nan,dp_episode", [sys.executable, "-m", "torch.distributed.run",
+                                                              "--nproc_per_node=2", f"--master_port={free_port()}"])]:
+        proc = run(launcher + [SCRIPT, modes, str(out)])
+        last = out / f"{modes.split(',')[-1]}.pt"
+        finished = [rank for rank in (0, 1) if Path(f"{last}.rank{rank}.done").exists()]
+        assert proc.returncode == 0, f"{modes}: ranks that finished their work: {finished}\n{proc.stderr[-6000:]}"
+    return {mode: torch.load(out / f"{mode}.pt", weights_only=False)
+            for mode in ("reference", "single", "dp", "fsdp", "fsdp_nan", "dp_episode")}
 
 
 def relative(a: dict, b: dict) -> float:
