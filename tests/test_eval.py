@@ -125,12 +125,12 @@ def test_the_same_cases_give_the_same_episodes_at_any_batch_size_and_process_cou
     one, table_one = eval_run(tmp_path, tiny_folder, "b1", "--rollout.tasks_per_iteration=1",
                               "--rollout.group_size=1", "--rollout.generation_batch_size=1",
                               f"--cases={tmp_path / 'cases.jsonl'}")
-    four, table_four = plain  # the same cases from the config, all 6 in one batch
+    six, table_six = plain  # the same cases from the config, all 6 in one batch
     two, table_two = eval_run(tmp_path, tiny_folder, "p2", "--rollout.tasks_per_iteration=2",
                               "--rollout.group_size=2", f"--cases={tmp_path / 'cases.jsonl'}", processes=2)
     assert len(one["episode_results"]) == 6 and len({json.dumps(r["actions"]) for r in one["episode_results"]}) > 1
-    assert one["episode_results"] == four["episode_results"] == two["episode_results"]
-    assert table_one == table_four == table_two
+    assert one["episode_results"] == six["episode_results"] == two["episode_results"]
+    assert table_one == table_six == table_two
     assert [Case(Task(r["task"].split("/")[0], int(r["task"].split("/")[1])), r["repeat"], r["seed"])
             for r in one["episode_results"]] == read_cases(tmp_path / "cases.jsonl")
 
