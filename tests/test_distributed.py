@@ -233,18 +233,32 @@ def test_every_rank_destroys_its_process_group_before_the_interpreter_exits(tmp_
 
 
 @pytest.mark.slow
-def test_fsdp_launch_trains_checkpoints_and_resumes(tmp_path, tiny_folder):
+def test_fsdp_full_fine_tune_trains_checkpoints_and_resumes_with_a_sharded_kl_reference(tmp_path, tiny_folder):
+    """model.lora=false, loss.kl_coef=0.01 under FSDP2 on 2 CPU processes, launched with the shipped config: two
+    iterations train and checkpoint, a second launch resumes at iteration 3. The frozen reference copy is sharded
+    like the policy and scored inside its own full_weights (ranks hold different numbers of samples, no lockstep).
+    Iterations 2 and 3 (the resumed one: its reference is the initial model again, not the checkpoint), whose
+    gradient is gathered from the shards, each equal kl_coef x grad KL(pi || pi_ref) over both ranks' steps,
+    computed independently (tests/kl_gradient.py); kl_ref is finite, and positive once the policy has moved from
+    the initial weights (the random tiny model plays identical episodes, so weight decay moves it)."""
     config = launch_config(tmp_path)
     out = tmp_path / "run"
-    args = TRAIN_ARGS + [f"--model.name_or_path={tiny_folder}", f"--output_dir={out}"]
-    first = run([ACCELERATE, "launch", "--config_file", config, "train.py", *args, "--train.iterations=2"], 600)
+    args = TRAIN_ARGS + [f"--model.name_or_path={tiny_folder}", f"--output_dir={out}", "--loss.kl_coef=0.01",
+                         "--train.lr=1e-3", "--train.weight_decay=10"]
+    watched = [ACCELERATE, "launch", "--config_file", config, "tests/kl_gradient.py"]
+    first = run(watched + [str(tmp_path / "kl_first.json"), *args, "--train.iterations=2"], 600)
     assert first.returncode == 0, first.stderr[-4000:]
-    again = run([ACCELERATE, "launch", "--config_file", config, "train.py", *args, "--train.iterations=3",
-                 "--resume=latest"], 600)
+    again = run(watched + [str(tmp_path / "kl_again.json"), *args, "--train.iterations=3", "--resume=latest"], 600)
     assert again.returncode == 0, again.stderr[-4000:]
     assert "continuing at iteration 3" in again.stdout + again.stderr
+    # iteration 2 (the policy has moved from pi_ref) and iteration 3 (after the resume)
+    for calls in (json.loads((tmp_path / "kl_first.json").read_text())[1],
+                  json.loads((tmp_path / "kl_again.json").read_text())[0]):
+        assert len(calls) == 1 and calls[0]["advantages_zero"] and calls[0]["branch_free"], calls
+        assert calls[0]["expected"] > 1e-6 and calls[0]["rel_error"] < 1e-4, calls
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [1, 2, 3] and all(r["optimizer_steps"] > 0 for r in rows)
+    assert all(math.isfinite(r["kl_ref"]) for r in rows) and rows[1]["kl_ref"] > 0 and rows[2]["kl_ref"] > 0
     ranks = json.loads((out / "ranks.json").read_text())
     assert ranks["world_size"] == 2 and len(set(ranks["weights_sha256"])) == 1
     # The checkpoint is a standard, unsharded HF folder, and it holds the trained (not the initial) weights.
@@ -257,38 +271,10 @@ def test_fsdp_launch_trains_checkpoints_and_resumes(tmp_path, tiny_folder):
 
 
 @pytest.mark.slow
-def test_fsdp_full_fine_tune_trains_with_a_sharded_kl_reference(tmp_path, tiny_folder):
-    """model.lora=false, loss.kl_coef=0.01 under FSDP2 on 2 CPU processes: the frozen reference copy is sharded like
-    the policy and scored inside its own full_weights (ranks hold different numbers of samples, no lockstep). Two
-    iterations train; kl_ref is finite, and positive once the policy has moved from the initial weights (the random
-    tiny model plays identical episodes, so weight decay moves it). Iteration 2's gradient, gathered from the
-    shards, is kl_coef x grad KL(pi || pi_ref) over both ranks' steps, computed independently (tests/kl_gradient.py)."""
-    config = launch_config(tmp_path)
-    out = tmp_path / "run"
-    args = TRAIN_ARGS + [f"--model.name_or_path={tiny_folder}", f"--output_dir={out}", "--train.iterations=2",
-                         "--train.eval_every=0", "--train.save_every=0", "--loss.kl_coef=0.01", "--train.lr=1e-3",
-                         "--train.weight_decay=10"]
-    gradients = tmp_path / "kl_gradients.json"
-    proc = run([ACCELERATE, "launch", "--config_file", config, "tests/kl_gradient.py", str(gradients), *args], 300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    calls = json.loads(gradients.read_text())[1]  # iteration 2: the policy has moved from pi_ref
-    assert len(calls) == 1 and calls[0]["advantages_zero"] and calls[0]["branch_free"], calls
-    assert calls[0]["expected"] > 1e-6 and calls[0]["rel_error"] < 1e-4, calls
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["iteration"] for r in rows] == [1, 2] and all(r["optimizer_steps"] > 0 for r in rows)
-    assert all(math.isfinite(r["kl_ref"]) for r in rows) and rows[1]["kl_ref"] > 0
-    ranks = json.loads((out / "ranks.json").read_text())
-    assert ranks["world_size"] == 2 and len(set(ranks["weights_sha256"])) == 1
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("change, message", [
-    ({"fsdp_config.fsdp_offload_params": True}, "fsdp_offload_params=true is not supported"),
-    ({"dynamo_config": {"dynamo_backend": "INDUCTOR"}}, "dynamo_backend=INDUCTOR is not supported"),
-    ({"fsdp_config.fsdp_version": 1}, "fsdp_version=1 is not supported"),
-])
-def test_unsupported_accelerate_config_stops_with_one_line(tmp_path, change, message):
-    config = launch_config(tmp_path, **change)
+def test_unsupported_accelerate_config_stops_with_one_line(tmp_path):
+    """One launch end to end (the other options are check_launch's cases below, set as accelerate sets them)."""
+    config = launch_config(tmp_path, **{"fsdp_config.fsdp_offload_params": True})
+    message = "fsdp_offload_params=true is not supported"
     proc = run([ACCELERATE, "launch", "--config_file", config, "train.py", "--config", "configs/quickstart.yaml",
                 f"--output_dir={tmp_path / 'run'}", "--model.lora=false"], 120)
     assert proc.returncode != 0
@@ -303,10 +289,13 @@ def test_unsupported_accelerate_config_stops_with_one_line(tmp_path, change, mes
 
 @pytest.mark.parametrize("env, message", [
     ({"ACCELERATE_USE_DEEPSPEED": "true"}, "DeepSpeed is not supported"),
+    ({"ACCELERATE_DYNAMO_BACKEND": "INDUCTOR"}, "dynamo_backend=INDUCTOR is not supported"),
     ({"ACCELERATE_USE_MEGATRON_LM": "true"}, "Megatron-LM is not supported"),
     ({"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "4"}, "gradient_accumulation_steps=4"),
     ({"ACCELERATE_MIXED_PRECISION": "fp16"}, "contradicts model.dtype=bfloat16"),
-    ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1"}, "fsdp_version=1"),
+    ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1"}, "fsdp_version=1 is not supported"),
+    ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_OFFLOAD_PARAMS": "true"},
+     "fsdp_offload_params=true is not supported"),
     ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_SHARDING_STRATEGY": "HYBRID_SHARD"}, "HYBRID_SHARD"),
     ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2", "FSDP_STATE_DICT_TYPE": "SHARDED_STATE_DICT"},
      "FULL_STATE_DICT"),

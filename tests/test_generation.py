@@ -331,11 +331,13 @@ def test_pre_drawn_uniforms_give_the_per_step_reference_samples(temperature, top
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("temperature, reuse", [(0.0, True), (1.0, True), (1.0, False)])
+@pytest.mark.parametrize("temperature, reuse", [(1.0, True), (1.0, False)])
 def test_static_and_dynamic_kv_caches_give_the_same_episodes(policy, temperature, reuse, monkeypatch):
     """The static batch KV cache (in-place buffers, what rollouts use) vs the dynamic one (DynamicCache, switched
-    to where generate builds its batch cache): identical actions, recorded log-probs and tips, greedy and sampled
-    with fixed seeds, over episodes of 1-3 turns with cut and eos-ended actions."""
+    to where generate builds its batch cache): identical actions, recorded log-probs and tips, sampled with fixed
+    seeds (every token and log-prob must match; greedy decoding on the static cache is what the reuse tests above
+    check against re-encoding), over episodes of 1-3 turns with cut and eos-ended actions, with and without
+    reusing the cache across turns."""
     from engine import generation
 
     feed = generation.feed_prefixes
